@@ -1,0 +1,1 @@
+//! Site configuration (placeholder).

@@ -1,0 +1,13 @@
+//! berth: run Slurm tasks inside OCI images.
+//!
+//! One core library behind two front ends: the SPANK plugin `spank_berth.so`
+//! (loaded by srun, sbatch, salloc and slurmd) and the `berth` command line tool.
+//! See docs/ARCHITECTURE.md for the path of a job through these modules.
+
+pub mod config;
+pub mod container;
+pub mod image;
+pub mod reference;
+pub mod registry;
+pub mod spank;
+pub mod store;

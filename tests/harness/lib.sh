@@ -1,0 +1,182 @@
+# shellcheck shell=bash
+# Usage: source "$(dirname "$0")/lib.sh"   (from the other harness scripts)
+#
+# Names, addresses, ports and small helpers shared by cluster.sh,
+# registry.sh and images.sh. Everything a test cluster creates is derived
+# from BERTH_TEST_NAME so that two harness instances never share anything
+# except the host's munged.
+#
+# Environment (all optional):
+#   BERTH_TEST_NAME               instance name (default berthtest)
+#   BERTH_TEST_NODES              number of slurmd nodes (default 2)
+#   BERTH_TEST_SUBNET             first three octets of the /24 (default 10.77.0)
+#   BERTH_TEST_SLURMCTLD_PORT     default 16817
+#   BERTH_TEST_SLURMD_PORT        default 16818
+#   BERTH_TEST_REGISTRY_PORT      anonymous registry, default 15000
+#   BERTH_TEST_TOKEN_REGISTRY_PORT registry with bearer-token auth, default 15001
+#   BERTH_TEST_TOKEN_SERVER_PORT  token server, default 15002
+#   BERTH_PLUGSTACK_DIR           directory plugstack.conf includes
+#                                 (default /run/$NAME/etc/plugstack.conf.d)
+
+NAME=${BERTH_TEST_NAME:-berthtest}
+if [[ ! $NAME =~ ^[a-z][a-z0-9_-]{0,30}$ ]]; then
+    echo "BERTH_TEST_NAME must match ^[a-z][a-z0-9_-]{0,30}\$ (got '$NAME')" >&2
+    exit 2
+fi
+NODES=${BERTH_TEST_NODES:-2}
+[[ $NODES =~ ^[1-9][0-9]?$ ]] || { echo "BERTH_TEST_NODES must be 1..99" >&2; exit 2; }
+
+SUBNET=${BERTH_TEST_SUBNET:-10.77.0}
+BRIDGE_IP=$SUBNET.1
+SLURMCTLD_PORT=${BERTH_TEST_SLURMCTLD_PORT:-16817}
+SLURMD_PORT=${BERTH_TEST_SLURMD_PORT:-16818}
+REGISTRY_PORT=${BERTH_TEST_REGISTRY_PORT:-15000}
+TOKEN_REGISTRY_PORT=${BERTH_TEST_TOKEN_REGISTRY_PORT:-15001}
+TOKEN_SERVER_PORT=${BERTH_TEST_TOKEN_SERVER_PORT:-15002}
+REGISTRY_ADDR=$BRIDGE_IP:$REGISTRY_PORT
+TOKEN_REGISTRY_ADDR=$BRIDGE_IP:$TOKEN_REGISTRY_PORT
+TOKEN_SERVER_URL=http://$BRIDGE_IP:$TOKEN_SERVER_PORT
+
+# Interface names are limited to 15 characters: use the first letters of
+# the name plus a short hash of the whole name.
+IFTAG=$(printf '%s' "${NAME//[^a-z0-9]/}" | cut -c1-4)$(printf '%s' "$NAME" | sha1sum | cut -c1-4)
+BRIDGE=${IFTAG}-br
+
+STATE_DIR=/var/lib/$NAME          # survives `down` partly (cache, logs, work)
+RUN_DIR=/run/$NAME                # removed by `down`
+ETC_DIR=$RUN_DIR/etc
+ENV_FILE=$RUN_DIR/env
+LOG_DIR=$STATE_DIR/log
+PID_DIR=$STATE_DIR/pid
+NODES_DIR=$STATE_DIR/nodes
+CTLD_STATE_DIR=$STATE_DIR/slurmctld
+WORK_DIR=$STATE_DIR/work
+CACHE_DIR=$STATE_DIR/cache
+REGISTRY_DIR=$STATE_DIR/registry
+PLUGSTACK_DIR=${BERTH_PLUGSTACK_DIR:-$ETC_DIR/plugstack.conf.d}
+SLURM_CONF_FILE=$ETC_DIR/slurm.conf
+
+HARNESS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_DIR=$(cd "$HARNESS_DIR/../.." && pwd)
+
+log() { printf '[%s] %s\n' "${LOG_TAG:-harness}" "$*"; }
+warn() { printf '[%s] WARNING: %s\n' "${LOG_TAG:-harness}" "$*" >&2; }
+die() { printf '[%s] ERROR: %s\n' "${LOG_TAG:-harness}" "$*" >&2; exit 1; }
+
+need_root() { [[ $(id -u) -eq 0 ]] || die "must run as root"; }
+
+node_name() { printf 'node%d' "$1"; }
+node_ip() { printf '%s.%d' "$SUBNET" "$((10 + $1))"; }
+node_netns() { printf '%s-node%d' "$NAME" "$1"; }
+veth_host() { printf '%s-h%d' "$IFTAG" "$1"; }
+veth_node() { printf '%s-n%d' "$IFTAG" "$1"; }
+
+# pid_alive PIDFILE [COMM]: true when the pid file names a running process
+# (and, if COMM is given, that process's command name is COMM).
+pid_alive() {
+    local file=$1 comm=${2:-} pid
+    [[ -s $file ]] || return 1
+    pid=$(head -n1 "$file")
+    [[ $pid =~ ^[0-9]+$ ]] || return 1
+    [[ -d /proc/$pid ]] || return 1
+    if [[ -n $comm ]]; then
+        [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$comm" ]] || return 1
+    fi
+}
+
+# stop_pidfile PIDFILE COMM: TERM the process named in PIDFILE (only if its
+# command name is COMM), wait up to 10s, then KILL; remove the pid file.
+stop_pidfile() {
+    local file=$1 comm=$2 pid i
+    if pid_alive "$file" "$comm"; then
+        pid=$(head -n1 "$file")
+        log "stopping $comm (pid $pid)"
+        kill -TERM "$pid" 2>/dev/null || true
+        for ((i = 0; i < 100; i++)); do
+            [[ -d /proc/$pid ]] || break
+            sleep 0.1
+        done
+        if [[ -d /proc/$pid ]]; then
+            warn "$comm (pid $pid) ignored SIGTERM, sending SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    fi
+    rm -f "$file"
+}
+
+# The bridge is shared by the cluster and the registries: whoever comes
+# first creates it, whoever goes last removes it.
+ensure_bridge() {
+    if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+        if ip -4 -o addr show | awk '{print $4}' | grep -q "^${BRIDGE_IP//./\\.}/"; then
+            die "$BRIDGE_IP is already used by another interface (set BERTH_TEST_SUBNET)"
+        fi
+        log "creating bridge $BRIDGE ($BRIDGE_IP/24)"
+        ip link add "$BRIDGE" type bridge
+        ip addr add "$BRIDGE_IP/24" dev "$BRIDGE"
+    fi
+    ip link set "$BRIDGE" up
+}
+
+cluster_running() {
+    local i
+    for ((i = 1; i <= 99; i++)); do
+        [[ -e /var/run/netns/$(node_netns "$i") ]] && return 0
+    done
+    pid_alive "$PID_DIR/slurmctld.pid" slurmctld
+}
+
+registry_running() {
+    local f
+    for f in "$PID_DIR"/registry-*.pid "$PID_DIR"/token-server.pid; do
+        [[ -e $f ]] || continue
+        pid_alive "$f" && return 0
+    done
+    return 1
+}
+
+# Called at the end of both `down`s: drop the bridge and /run/$NAME once
+# neither the cluster nor a registry of this instance is left.
+remove_shared_if_unused() {
+    if cluster_running || registry_running; then
+        return
+    fi
+    if ip link show "$BRIDGE" >/dev/null 2>&1; then
+        log "removing bridge $BRIDGE"
+        ip link del "$BRIDGE"
+    fi
+    rm -rf "$RUN_DIR"
+}
+
+write_env_file() {
+    mkdir -p "$RUN_DIR"
+    print_env >"$ENV_FILE.tmp"
+    mv "$ENV_FILE.tmp" "$ENV_FILE"
+}
+
+print_env() {
+    local i names=""
+    for ((i = 1; i <= NODES; i++)); do
+        names+=${names:+,}$(node_name "$i")
+    done
+    cat <<EOF
+export BERTH_TEST_NAME=$NAME
+export BERTH_TEST_NODES=$NODES
+export SLURM_CONF=$SLURM_CONF_FILE
+export BERTH_TEST_STATE_DIR=$STATE_DIR
+export BERTH_TEST_WORKDIR=$WORK_DIR
+export BERTH_TEST_LOG_DIR=$LOG_DIR
+export BERTH_TEST_CACHE_DIR=$CACHE_DIR
+export BERTH_TEST_PLUGSTACK_DIR=$PLUGSTACK_DIR
+export BERTH_TEST_BRIDGE_IP=$BRIDGE_IP
+export BERTH_TEST_NODE_NAMES=$names
+export BERTH_TEST_REGISTRY=$REGISTRY_ADDR
+export BERTH_TEST_TOKEN_REGISTRY=$TOKEN_REGISTRY_ADDR
+export BERTH_TEST_TOKEN_REALM=$TOKEN_SERVER_URL/token
+export BERTH_TEST_REGISTRY_LOG=$STATE_DIR/registry.log
+export BERTH_TEST_TOKEN_REGISTRY_LOG=$STATE_DIR/registry-token.log
+export BERTH_TEST_TOKEN_USER=berth
+export BERTH_TEST_TOKEN_PASSWORD=berthpass
+export BERTH_TEST_USER=berthuser
+EOF
+}
