@@ -1,1 +1,27 @@
-//! (placeholder: filled in by the container work)
+//! The container runtime: turns a squashfs image file into namespaces that
+//! tasks join.
+//!
+//! A helper process, the *holder* ([`holder_main`], started by [`spawn_holder`]),
+//! builds the container in stages and hands its user and mount namespaces to the
+//! caller as descriptors ([`Container`]); each task then joins them
+//! ([`Container::join`]) or the CLI runs a command in them ([`Container::run`]).
+//!
+//! What it owns: namespaces, the loop device, the root file system and its
+//! mounts, `/etc/passwd` and `/etc/group` inside, the task environment.
+//! What it must not touch: the image store (it only reads the squashfs file it
+//! is given), the host's mount table (everything happens in private mount
+//! namespaces), and any path outside the image root except bind sources.
+//!
+//! Modules, one job each: [`spec`] (what a container is, as data), [`env`]
+//! (task environment), [`etcfiles`] (passwd and group), [`safepath`] (path
+//! operations a hostile image cannot escape), [`loopdev`] (loop devices),
+//! [`mounts`] (mount operations), `fuse` (daemons of unprivileged mode),
+//! [`channel`] (messages to and from the holder), [`holder`] (the stages),
+//! `spawn` (the caller's side) and `join` (the [`Container`]).
+
+pub mod env;
+pub mod etcfiles;
+pub mod spec;
+
+pub use env::task_env;
+pub use spec::{parse_mounts, ContainerSpec, Mode, MountSpec, MountSpecError, UserIdentity};
