@@ -21,6 +21,9 @@
 
 pub mod env;
 pub mod etcfiles;
+pub mod loopdev;
+pub mod mounts;
+pub mod safepath;
 pub mod spec;
 
 pub use env::task_env;

@@ -1,0 +1,191 @@
+//! Read-only, self-clearing loop devices for squashfs images.
+//!
+//! A free device comes from `/dev/loop-control` (`LOOP_CTL_GET_FREE`) and is
+//! bound to the image with `LOOP_CONFIGURE` (one ioctl; older kernels get
+//! `LOOP_SET_FD` + `LOOP_SET_STATUS64`), read-only and with
+//! `LO_FLAGS_AUTOCLEAR`: the kernel detaches it when its last user goes away,
+//! that is when the file system mounted from it is unmounted and the
+//! [`LoopDevice`] has been dropped. Nothing is left behind after a crash.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+
+const LOOP_SET_FD: libc::c_ulong = 0x4C00;
+const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
+const LOOP_SET_STATUS64: libc::c_ulong = 0x4C04;
+const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+
+const LO_FLAGS_READ_ONLY: u32 = 1;
+const LO_FLAGS_AUTOCLEAR: u32 = 4;
+const LO_NAME_SIZE: usize = 64;
+
+/// How often to take another free device when a concurrent setup wins the race.
+const MAX_ATTEMPTS: usize = 64;
+
+/// `struct loop_info64` of `<linux/loop.h>`.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct LoopInfo64 {
+    lo_device: u64,
+    lo_inode: u64,
+    lo_rdevice: u64,
+    lo_offset: u64,
+    lo_sizelimit: u64,
+    lo_number: u32,
+    lo_encrypt_type: u32,
+    lo_encrypt_key_size: u32,
+    lo_flags: u32,
+    lo_file_name: [u8; LO_NAME_SIZE],
+    lo_crypt_name: [u8; LO_NAME_SIZE],
+    lo_encrypt_key: [u8; 32],
+    lo_init: [u64; 2],
+}
+
+/// `struct loop_config` of `<linux/loop.h>`.
+#[repr(C)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: LoopInfo64,
+    reserved: [u64; 8],
+}
+
+/// An open loop device bound read-only to an image file.
+///
+/// Dropping it closes the device; with autoclear the kernel then detaches it as
+/// soon as nothing (no mount) uses it any more.
+#[derive(Debug)]
+pub struct LoopDevice {
+    device: File,
+    path: PathBuf,
+}
+
+impl LoopDevice {
+    /// Binds a free loop device read-only to `image`, with autoclear.
+    pub fn attach_read_only(image: &Path) -> anyhow::Result<LoopDevice> {
+        let backing = File::open(image)
+            .with_context(|| format!("cannot open image file {}", image.display()))?;
+        let control = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/loop-control")
+            .context(
+                "cannot open /dev/loop-control: loop devices need root and the loop \
+                 kernel module (modprobe loop)",
+            )?;
+        let info = loop_info(image);
+        for _ in 0..MAX_ATTEMPTS {
+            // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns an index.
+            let index = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) };
+            if index < 0 {
+                return Err(io::Error::last_os_error())
+                    .context("cannot get a free loop device from /dev/loop-control");
+            }
+            let path = PathBuf::from(format!("/dev/loop{index}"));
+            let device = open_device(&path)?;
+            match configure(&device, &backing, &info) {
+                Ok(()) => return Ok(LoopDevice { device, path }),
+                Err(err) if err.raw_os_error() == Some(libc::EBUSY) => continue,
+                Err(err) => {
+                    return Err(err).with_context(|| {
+                        format!(
+                            "cannot bind {} to image {}",
+                            path.display(),
+                            image.display()
+                        )
+                    })
+                }
+            }
+        }
+        bail!(
+            "cannot bind a loop device to image {}: every free device was taken by \
+             someone else {MAX_ATTEMPTS} times in a row",
+            image.display()
+        )
+    }
+
+    /// The device node, e.g. `/dev/loop3`.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl AsRawFd for LoopDevice {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.device.as_raw_fd()
+    }
+}
+
+fn loop_info(image: &Path) -> LoopInfo64 {
+    // SAFETY: LoopInfo64 is plain integers and byte arrays: all-zero is valid.
+    let mut info: LoopInfo64 = unsafe { std::mem::zeroed() };
+    info.lo_flags = LO_FLAGS_READ_ONLY | LO_FLAGS_AUTOCLEAR;
+    let name = image.as_os_str().as_bytes();
+    let len = name.len().min(LO_NAME_SIZE - 1);
+    info.lo_file_name[..len].copy_from_slice(&name[..len]);
+    info
+}
+
+fn open_device(path: &Path) -> anyhow::Result<File> {
+    // The node may appear a moment after LOOP_CTL_GET_FREE created the device.
+    for _ in 0..100 {
+        match OpenOptions::new().read(true).open(path) {
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => {
+                return other.with_context(|| format!("cannot open loop device {}", path.display()))
+            }
+        }
+    }
+    bail!("loop device {} did not appear in /dev", path.display())
+}
+
+/// Binds `device` to `backing`: LOOP_CONFIGURE, or the two legacy ioctls on
+/// kernels without it (before 5.8).
+fn configure(device: &File, backing: &File, info: &LoopInfo64) -> io::Result<()> {
+    // SAFETY: LoopConfig is plain integers and byte arrays: all-zero is valid.
+    let mut config: LoopConfig = unsafe { std::mem::zeroed() };
+    config.fd = backing.as_raw_fd() as u32;
+    config.info = *info;
+    // SAFETY: LOOP_CONFIGURE reads one struct loop_config, which outlives the call.
+    let ret = unsafe {
+        libc::ioctl(
+            device.as_raw_fd(),
+            LOOP_CONFIGURE,
+            &config as *const LoopConfig,
+        )
+    };
+    if ret == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    if !matches!(err.raw_os_error(), Some(libc::EINVAL | libc::ENOTTY)) {
+        return Err(err);
+    }
+    // SAFETY: LOOP_SET_FD takes the backing file descriptor by value.
+    if unsafe { libc::ioctl(device.as_raw_fd(), LOOP_SET_FD, backing.as_raw_fd()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: LOOP_SET_STATUS64 reads one struct loop_info64, which outlives the call.
+    if unsafe {
+        libc::ioctl(
+            device.as_raw_fd(),
+            LOOP_SET_STATUS64,
+            info as *const LoopInfo64,
+        )
+    } != 0
+    {
+        let err = io::Error::last_os_error();
+        // SAFETY: LOOP_CLR_FD takes no argument; it undoes our LOOP_SET_FD.
+        unsafe { libc::ioctl(device.as_raw_fd(), LOOP_CLR_FD, 0) };
+        return Err(err);
+    }
+    Ok(())
+}

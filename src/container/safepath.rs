@@ -1,0 +1,445 @@
+//! Path operations inside an image's root file system that a hostile image
+//! cannot turn against the host.
+//!
+//! Every lookup goes through `openat2(2)` with `RESOLVE_IN_ROOT |
+//! RESOLVE_NO_MAGICLINKS` relative to an `O_PATH` descriptor of the root, so
+//! `..` and absolute symlinks (`/etc -> /host/etc`, `passwd -> ../../../etc/shadow`)
+//! resolve inside the root, never outside it. Files and directories are created
+//! with `mkdirat`/`openat` on the resolved parent, and mounts go onto the
+//! resolved descriptor through [`fd_path`].
+//!
+//! Two rules keep writes inside the root: a dangling symlink on a path we must
+//! create is replaced by the directory or file we need, and [`RootDir::write_file`]
+//! replaces the final component (rename over it) instead of following it.
+
+use std::ffi::{CString, OsStr};
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Component, Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::{fstat, fstatat, mkdirat, Mode, SFlag};
+use nix::unistd::{unlinkat, UnlinkatFlags};
+
+/// What to create at a path that does not exist yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A directory (mode 0755 before umask).
+    Dir,
+    /// An empty regular file (mode 0644 before umask).
+    File,
+}
+
+/// An open root directory that paths are resolved in.
+#[derive(Debug)]
+pub struct RootDir {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl RootDir {
+    /// Opens `path` (a host path) as the root to resolve in.
+    pub fn open(path: &Path) -> io::Result<RootDir> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+            .open(path)?;
+        Ok(RootDir {
+            fd: file.into(),
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The host path this root was opened from (for messages).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// An `O_PATH` descriptor of `path` inside the root, following symlinks
+    /// inside the root.
+    pub fn resolve(&self, path: &Path) -> io::Result<OwnedFd> {
+        self.resolve_parts(&components(path)?)
+    }
+
+    /// Reads the regular file at `path` inside the root; `None` when it does not
+    /// exist. Fails on anything but a regular file (a FIFO cannot block us) and
+    /// on files larger than `limit` bytes.
+    pub fn read_file(&self, path: &Path, limit: u64) -> io::Result<Option<Vec<u8>>> {
+        let parts = components(path)?;
+        let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
+        let fd = match openat2_in_root(self.fd.as_fd(), &join_parts(&parts), flags, 0) {
+            Ok(fd) => fd,
+            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(err) => return Err(err),
+        };
+        let stat = fstat(fd.as_raw_fd())?;
+        if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not a regular file",
+            ));
+        }
+        let mut contents = Vec::new();
+        File::from(fd).take(limit + 1).read_to_end(&mut contents)?;
+        if contents.len() as u64 > limit {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("larger than {limit} bytes"),
+            ));
+        }
+        Ok(Some(contents))
+    }
+
+    /// Writes `contents` to `path` inside the root, creating missing parent
+    /// directories. The file is written under a temporary name and renamed over
+    /// `path`, so a symlink at `path` is replaced, never followed.
+    pub fn write_file(&self, path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
+        let parts = components(path)?;
+        let Some((name, parent)) = parts.split_last() else {
+            return Err(invalid_input("cannot write to the root directory itself"));
+        };
+        let dir = self.ensure_parts(parent, Kind::Dir)?;
+        let mut tmp_name = b".".to_vec();
+        tmp_name.extend_from_slice(name.as_bytes());
+        tmp_name.extend_from_slice(format!(".berth-{}", std::process::id()).as_bytes());
+        let tmp_name = OsStr::from_bytes(&tmp_name);
+        let flags =
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let file_mode = Mode::from_bits_truncate(mode);
+        let raw = match nix::fcntl::openat(Some(dir.as_raw_fd()), tmp_name, flags, file_mode) {
+            Err(Errno::EEXIST) => {
+                unlinkat(Some(dir.as_raw_fd()), tmp_name, UnlinkatFlags::NoRemoveDir)?;
+                nix::fcntl::openat(Some(dir.as_raw_fd()), tmp_name, flags, file_mode)?
+            }
+            other => other?,
+        };
+        // SAFETY: `raw` was just returned by openat and is owned by nobody else.
+        let mut file = unsafe { File::from_raw_fd(raw) };
+        let written = file
+            .write_all(contents)
+            .and_then(|()| nix::sys::stat::fchmod(raw, file_mode).map_err(io::Error::from));
+        drop(file);
+        let renamed = written.and_then(|()| {
+            nix::fcntl::renameat(
+                Some(dir.as_raw_fd()),
+                tmp_name,
+                Some(dir.as_raw_fd()),
+                *name,
+            )
+            .map_err(io::Error::from)
+        });
+        if renamed.is_err() {
+            let _ = unlinkat(Some(dir.as_raw_fd()), tmp_name, UnlinkatFlags::NoRemoveDir);
+        }
+        renamed
+    }
+
+    /// Makes sure `path` exists inside the root (creating it and its missing
+    /// parents as directories) and returns an `O_PATH` descriptor of it.
+    pub fn ensure_dir(&self, path: &Path) -> io::Result<OwnedFd> {
+        self.ensure_parts(&components(path)?, Kind::Dir)
+    }
+
+    /// Makes sure `path` exists inside the root (creating an empty file, and
+    /// missing parents as directories) and returns an `O_PATH` descriptor of it.
+    pub fn ensure_file(&self, path: &Path) -> io::Result<OwnedFd> {
+        self.ensure_parts(&components(path)?, Kind::File)
+    }
+
+    /// [`RootDir::ensure_dir`] or [`RootDir::ensure_file`], by `kind`.
+    pub fn ensure(&self, path: &Path, kind: Kind) -> io::Result<OwnedFd> {
+        self.ensure_parts(&components(path)?, kind)
+    }
+
+    fn resolve_parts(&self, parts: &[&OsStr]) -> io::Result<OwnedFd> {
+        openat2_in_root(self.fd.as_fd(), &join_parts(parts), libc::O_PATH, 0)
+    }
+
+    fn ensure_parts(&self, parts: &[&OsStr], kind: Kind) -> io::Result<OwnedFd> {
+        match self.resolve_parts(parts) {
+            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => {}
+            other => return other,
+        }
+        let Some((name, parent)) = parts.split_last() else {
+            // The root itself always resolves; ENOENT here means it vanished.
+            return Err(io::Error::from_raw_os_error(libc::ENOENT));
+        };
+        let dir = self.ensure_parts(parent, Kind::Dir)?;
+        match create_at(dir.as_fd(), name, kind) {
+            Err(Errno::EEXIST) if is_symlink_at(dir.as_fd(), name) => {
+                // A dangling symlink (it did not resolve above): replace it.
+                unlinkat(Some(dir.as_raw_fd()), *name, UnlinkatFlags::NoRemoveDir)?;
+                create_at(dir.as_fd(), name, kind)?;
+            }
+            Err(Errno::EEXIST) | Ok(()) => {}
+            Err(err) => return Err(err.into()),
+        }
+        self.resolve_parts(parts)
+    }
+}
+
+/// The `/proc/self/fd/N` path of a descriptor, for syscalls that take a path
+/// (mount(2) on an `O_PATH` descriptor resolves to the very object it names).
+pub fn fd_path(fd: BorrowedFd<'_>) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+/// The normal components of `path`; `/` and `.` are dropped, `..` is refused.
+fn components(path: &Path) -> io::Result<Vec<&OsStr>> {
+    let mut parts = Vec::new();
+    for component in path.components() {
+        match component {
+            Component::Normal(name) => parts.push(name),
+            Component::RootDir | Component::CurDir => {}
+            Component::ParentDir | Component::Prefix(_) => {
+                return Err(invalid_input("path must not contain '..'"));
+            }
+        }
+    }
+    Ok(parts)
+}
+
+fn join_parts(parts: &[&OsStr]) -> PathBuf {
+    if parts.is_empty() {
+        return PathBuf::from(".");
+    }
+    parts.iter().collect()
+}
+
+fn invalid_input(message: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, message.to_string())
+}
+
+fn create_at(dir: BorrowedFd<'_>, name: &OsStr, kind: Kind) -> Result<(), Errno> {
+    match kind {
+        Kind::Dir => mkdirat(Some(dir.as_raw_fd()), name, Mode::from_bits_truncate(0o755)),
+        Kind::File => {
+            let flags = OFlag::O_WRONLY
+                | OFlag::O_CREAT
+                | OFlag::O_EXCL
+                | OFlag::O_NOFOLLOW
+                | OFlag::O_CLOEXEC;
+            let raw = nix::fcntl::openat(
+                Some(dir.as_raw_fd()),
+                name,
+                flags,
+                Mode::from_bits_truncate(0o644),
+            )?;
+            // SAFETY: `raw` was just returned by openat and is owned by nobody else.
+            drop(unsafe { OwnedFd::from_raw_fd(raw) });
+            Ok(())
+        }
+    }
+}
+
+fn is_symlink_at(dir: BorrowedFd<'_>, name: &OsStr) -> bool {
+    fstatat(Some(dir.as_raw_fd()), name, AtFlags::AT_SYMLINK_NOFOLLOW)
+        .map(|stat| SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT == SFlag::S_IFLNK)
+        .unwrap_or(false)
+}
+
+/// openat2(2) with `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS`, relative to `root`.
+fn openat2_in_root(
+    root: BorrowedFd<'_>,
+    path: &Path,
+    flags: i32,
+    mode: u32,
+) -> io::Result<OwnedFd> {
+    let path = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| invalid_input("path contains a NUL byte"))?;
+    // SAFETY: open_how is a plain C struct for which all-zero is a valid value.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (flags | libc::O_CLOEXEC) as u64;
+    how.mode = u64::from(mode);
+    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+    // RESOLVE_IN_ROOT fails with EAGAIN when a concurrent rename could have
+    // moved a path out of the root; retrying is the documented answer.
+    for _ in 0..32 {
+        // SAFETY: `path` is a valid NUL-terminated string and `how` a valid
+        // open_how whose size we pass; both outlive the call.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                root.as_raw_fd(),
+                path.as_ptr(),
+                &how as *const libc::open_how,
+                std::mem::size_of::<libc::open_how>(),
+            )
+        };
+        if ret >= 0 {
+            // SAFETY: the kernel returned a new descriptor that nothing else owns.
+            return Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) });
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EAGAIN) {
+            return Err(err);
+        }
+    }
+    Err(io::Error::from_raw_os_error(libc::EAGAIN))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{symlink, MetadataExt};
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        root: PathBuf,
+        outside: PathBuf,
+    }
+
+    fn fixture() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::create_dir(&outside).unwrap();
+        Fixture {
+            _dir: dir,
+            root,
+            outside,
+        }
+    }
+
+    fn same_inode(fd: &OwnedFd, path: &Path) -> bool {
+        let stat = fstat(fd.as_raw_fd()).unwrap();
+        let meta = std::fs::metadata(path).unwrap();
+        stat.st_dev == meta.dev() && stat.st_ino == meta.ino()
+    }
+
+    #[test]
+    fn escaping_symlinks_resolve_inside_the_root() {
+        let f = fixture();
+        symlink("/", f.root.join("abs")).unwrap();
+        symlink("../../../../..", f.root.join("up")).unwrap();
+        let root = RootDir::open(&f.root).unwrap();
+        assert!(same_inode(
+            &root.resolve(Path::new("/abs")).unwrap(),
+            &f.root
+        ));
+        assert!(same_inode(
+            &root.resolve(Path::new("/up")).unwrap(),
+            &f.root
+        ));
+        assert!(same_inode(&root.resolve(Path::new("/")).unwrap(), &f.root));
+    }
+
+    #[test]
+    fn absolute_symlink_to_a_host_path_stays_inside() {
+        let f = fixture();
+        std::fs::write(f.outside.join("secret"), "host").unwrap();
+        symlink(f.outside.join("secret"), f.root.join("link")).unwrap();
+        let root = RootDir::open(&f.root).unwrap();
+        let err = root.resolve(Path::new("/link")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
+        assert_eq!(root.read_file(Path::new("/link"), 100).unwrap(), None);
+    }
+
+    #[test]
+    fn dangling_dir_symlink_is_replaced_not_followed() {
+        let f = fixture();
+        let escape = f.outside.join("etc-escape");
+        symlink(&escape, f.root.join("etc")).unwrap();
+        let root = RootDir::open(&f.root).unwrap();
+        root.write_file(Path::new("/etc/passwd"), b"x:x:1:1::/:/bin/sh\n", 0o644)
+            .unwrap();
+        assert!(!escape.exists());
+        assert!(std::fs::symlink_metadata(f.root.join("etc"))
+            .unwrap()
+            .is_dir());
+        assert_eq!(
+            std::fs::read(f.root.join("etc/passwd")).unwrap(),
+            b"x:x:1:1::/:/bin/sh\n"
+        );
+    }
+
+    #[test]
+    fn write_file_replaces_a_symlinked_file() {
+        let f = fixture();
+        std::fs::create_dir(f.root.join("etc")).unwrap();
+        let victim = f.outside.join("victim");
+        std::fs::write(&victim, "untouched").unwrap();
+        symlink(&victim, f.root.join("etc/passwd")).unwrap();
+        symlink("../../../../shadow", f.root.join("etc/group")).unwrap();
+        let root = RootDir::open(&f.root).unwrap();
+        root.write_file(Path::new("/etc/passwd"), b"new", 0o644)
+            .unwrap();
+        root.write_file(Path::new("/etc/group"), b"new", 0o644)
+            .unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched");
+        let meta = std::fs::symlink_metadata(f.root.join("etc/passwd")).unwrap();
+        assert!(meta.is_file());
+        assert_eq!(meta.mode() & 0o7777, 0o644);
+        assert!(!f.root.join("shadow").exists());
+        assert!(std::fs::symlink_metadata(f.root.join("etc/group"))
+            .unwrap()
+            .is_file());
+    }
+
+    #[test]
+    fn ensure_follows_symlinks_to_existing_dirs_inside_the_root() {
+        let f = fixture();
+        std::fs::create_dir(f.root.join("real")).unwrap();
+        symlink("/real", f.root.join("data")).unwrap();
+        let root = RootDir::open(&f.root).unwrap();
+        let fd = root.ensure_dir(Path::new("/data/sub/deeper")).unwrap();
+        assert!(same_inode(&fd, &f.root.join("real/sub/deeper")));
+        let fd = root.ensure_file(Path::new("/data/file")).unwrap();
+        assert!(same_inode(&fd, &f.root.join("real/file")));
+        // Existing objects are returned as they are.
+        root.ensure_file(Path::new("/data/file")).unwrap();
+        root.ensure_dir(Path::new("/real/sub")).unwrap();
+    }
+
+    #[test]
+    fn dangling_file_symlink_is_replaced_for_a_mount_point() {
+        let f = fixture();
+        std::fs::create_dir(f.root.join("etc")).unwrap();
+        symlink(f.outside.join("hosts"), f.root.join("etc/hosts")).unwrap();
+        let root = RootDir::open(&f.root).unwrap();
+        root.ensure_file(Path::new("/etc/hosts")).unwrap();
+        assert!(!f.outside.join("hosts").exists());
+        assert!(std::fs::symlink_metadata(f.root.join("etc/hosts"))
+            .unwrap()
+            .is_file());
+    }
+
+    #[test]
+    fn refuses_parent_dir_components() {
+        let f = fixture();
+        let root = RootDir::open(&f.root).unwrap();
+        let err = root.ensure_dir(Path::new("/a/../b")).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn ensure_dir_on_a_file_fails() {
+        let f = fixture();
+        std::fs::write(f.root.join("file"), "").unwrap();
+        let root = RootDir::open(&f.root).unwrap();
+        let err = root.ensure_dir(Path::new("/file/sub")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOTDIR));
+    }
+
+    #[test]
+    fn read_file_refuses_fifos_and_large_files() {
+        let f = fixture();
+        nix::unistd::mkfifo(&f.root.join("fifo"), Mode::from_bits_truncate(0o644)).unwrap();
+        std::fs::write(f.root.join("big"), vec![b'x'; 100]).unwrap();
+        let root = RootDir::open(&f.root).unwrap();
+        assert!(root.read_file(Path::new("/fifo"), 10).is_err());
+        assert!(root.read_file(Path::new("/big"), 99).is_err());
+        assert_eq!(
+            root.read_file(Path::new("/big"), 100)
+                .unwrap()
+                .unwrap()
+                .len(),
+            100
+        );
+    }
+}
