@@ -19,12 +19,21 @@
 //! [`channel`] (messages to and from the holder), [`holder`] (the stages),
 //! `spawn` (the caller's side) and `join` (the [`Container`]).
 
+pub mod channel;
+mod creds;
 pub mod env;
 pub mod etcfiles;
+mod fuse;
+pub mod holder;
+mod join;
 pub mod loopdev;
 pub mod mounts;
 pub mod safepath;
+mod spawn;
 pub mod spec;
 
 pub use env::task_env;
+pub use holder::{holder_main, HOLDER_ARG};
+pub use join::Container;
+pub use spawn::spawn_holder;
 pub use spec::{parse_mounts, ContainerSpec, Mode, MountSpec, MountSpecError, UserIdentity};

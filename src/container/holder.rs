@@ -1,0 +1,319 @@
+//! The holder: a short-lived helper process (`berth __holder`) that builds a
+//! container's namespaces in named stages and hands them to its caller.
+//!
+//! Privileged mode (the holder is root, the container runs as `spec.user`):
+//!
+//! 1. private mount namespace; the image on a read-only, self-clearing loop
+//!    device, mounted as squashfs; a tmpfs-backed overlay on top as the root;
+//! 2. `/etc/passwd`, `/etc/group` and every mount point, written safely inside
+//!    the root (see [`crate::container::safepath`]);
+//! 3. host `/proc`, `/sys`, `/dev`, `/tmp`, `/etc/hosts`, `/etc/resolv.conf`;
+//! 4. drop to the user, then a new user and mount namespace, whose maps the
+//!    caller writes (`NeedMaps` / `MapsWritten`);
+//! 5. the user's own bind mounts (the kernel checks the user's permissions),
+//!    then pivot_root; `Ready`, wait for `Release`, exit.
+//!
+//! Unprivileged mode (the holder is the user): user and mount namespace first
+//! (self maps), then `squashfuse` and `fuse-overlayfs` instead of the loop
+//! device and the kernel overlay, then stages 2 and 3 as above, then stage 5
+//! in one more mount namespace (the daemons stay behind, outside the
+//! container's root).
+//!
+//! Everything the holder mounts lives only in its own namespaces: when the last
+//! process and descriptor of the container's namespaces are gone, the kernel
+//! drops every mount, and the loop device clears itself.
+
+use std::os::fd::{FromRawFd, RawFd};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::stat::{fstat, umask, Mode as FileMode, SFlag};
+
+use crate::container::channel::{Channel, FromHolder, ToHolder};
+use crate::container::etcfiles::{group_content, passwd_content};
+use crate::container::fuse::{self, FuseMount};
+use crate::container::loopdev::LoopDevice;
+use crate::container::mounts::{self, StagingPaths};
+use crate::container::safepath::RootDir;
+use crate::container::spec::{ContainerSpec, Mode, MountSpec};
+use crate::container::{creds, spec::UserIdentity};
+
+/// The first argument that makes the `berth` binary run [`holder_main`].
+pub const HOLDER_ARG: &str = "__holder";
+
+/// The descriptor on which the holder finds its channel to the caller.
+pub const HOLDER_FD: RawFd = 3;
+
+/// Where a privileged holder assembles the root file system. It mounts a tmpfs
+/// there inside its private mount namespace, so the host never sees what is
+/// below; only the empty directory stays on the host.
+pub(crate) const STAGING_DIR: &str = "/run/berth";
+
+/// The largest `/etc/passwd` or `/etc/group` of an image we read.
+const ETC_FILE_LIMIT: u64 = 16 << 20;
+
+/// Entry point of the holder process (`berth __holder`, channel on fd 3).
+///
+/// Never returns: exits 0 when the caller took the container, 1 when setup
+/// failed (the caller got the reason as a `Failed` message), 2 when started
+/// by hand.
+pub fn holder_main() -> ! {
+    let is_socket = fstat(HOLDER_FD)
+        .map(|stat| SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT == SFlag::S_IFSOCK)
+        .unwrap_or(false);
+    if !is_socket {
+        eprintln!(
+            "berth: '{HOLDER_ARG}' is internal: berth starts it itself, with a socket on fd {HOLDER_FD}"
+        );
+        std::process::exit(2);
+    }
+    // SAFETY: fd 3 is the socket our caller handed over; nothing else in this
+    // process owns it.
+    let stream = unsafe { UnixStream::from_raw_fd(HOLDER_FD) };
+    let code = match Channel::new(stream).and_then(|mut channel| serve(&mut channel)) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    };
+    std::process::exit(code)
+}
+
+/// Runs the stages for one `Start` message; reports a failure to the caller.
+fn serve(channel: &mut Channel) -> anyhow::Result<()> {
+    umask(FileMode::from_bits_truncate(0o022));
+    let ToHolder::Start { spec, mode } = channel.recv()? else {
+        bail!("holder protocol error: the first message must be Start");
+    };
+    let result = match mode {
+        Mode::Privileged => build_privileged(channel, &spec),
+        Mode::Unprivileged => build_unprivileged(channel, &spec),
+    };
+    if let Err(err) = &result {
+        let _ = channel.send(&FromHolder::Failed {
+            error: format!("{err:#}"),
+        });
+    }
+    result
+}
+
+fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Result<()> {
+    // Stage 1: a private mount namespace with the image as overlay root.
+    unshare(CloneFlags::CLONE_NEWNS)
+        .context("stage 1: cannot create a private mount namespace (unshare CLONE_NEWNS)")?;
+    mounts::make_all_private().context("stage 1")?;
+    let staging = Path::new(STAGING_DIR);
+    std::fs::create_dir_all(staging)
+        .with_context(|| format!("stage 1: cannot create {}", staging.display()))?;
+    let paths = prepare_staging(staging).context("stage 1")?;
+    {
+        let device = LoopDevice::attach_read_only(&spec.squashfs).context("stage 1")?;
+        mounts::mount_squashfs(device.path(), &spec.squashfs, &paths.lower).context("stage 1")?;
+        // Dropping `device` closes it: the mount keeps it busy, autoclear
+        // frees it with the last unmount.
+    }
+    copy_root_attributes(&paths.lower, &paths.upper).context("stage 1")?;
+    mounts::mount_overlay(&paths.lower, &paths.upper, &paths.work, &paths.root)
+        .context("stage 1")?;
+
+    // Stages 2 and 3, as root: /etc files, mount points, host binds.
+    let system_binds = mounts::system_binds();
+    let root = open_root(&paths.root).context("stage 2")?;
+    prepare_rootfs(&root, spec, &system_binds).context("stage 2")?;
+    for bind in &system_binds {
+        mounts::bind_into(&root, bind).context("stage 3")?;
+    }
+    drop(root);
+
+    // Stage 4: become the user, then a user namespace the caller maps.
+    let user = &spec.user;
+    creds::become_user(user.uid, user.gid, &user.all_gids()).with_context(|| {
+        format!(
+            "stage 4: cannot switch to user {} (uid {}, gid {}, groups {:?})",
+            user.name, user.uid, user.gid, user.groups
+        )
+    })?;
+    enter_user_namespace(channel, spec).context("stage 4")?;
+
+    // Stage 5: the user's mounts, pivot_root, hand over.
+    finish(channel, spec, &paths.root, Vec::new())
+}
+
+fn build_unprivileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Result<()> {
+    enter_user_namespace(channel, spec).context("stage 1")?;
+    mounts::make_all_private().context("stage 1")?;
+    let staging = unprivileged_staging_dir(spec.user.uid).context("stage 1")?;
+    let paths = prepare_staging(&staging).context("stage 1")?;
+    let image = fuse::mount_squashfuse(&spec.squashfs, &paths.lower).context("stage 1")?;
+    let overlay =
+        fuse::mount_fuse_overlayfs(&paths, spec.user.uid, spec.user.gid).context("stage 1")?;
+
+    let system_binds = mounts::system_binds();
+    let root = open_root(&paths.root).context("stage 2")?;
+    prepare_rootfs(&root, spec, &system_binds).context("stage 2")?;
+    for bind in &system_binds {
+        mounts::bind_into(&root, bind).context("stage 3")?;
+    }
+    drop(root);
+    // The daemons must keep the host's root: one whose root or working
+    // directory is its own mount deadlocks on the first path lookup. So they
+    // stay in this mount namespace, and pivot_root happens in a new one.
+    unshare(CloneFlags::CLONE_NEWNS)
+        .context("stage 5: cannot create the container's mount namespace (unshare CLONE_NEWNS)")?;
+    // The overlay goes first when the caller stops them: it reads the image.
+    finish(channel, spec, &paths.root, vec![overlay, image])
+}
+
+/// Creates the user (and mount, and maybe UTS) namespace, has the caller write
+/// its maps, and sets the hostname.
+fn enter_user_namespace(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Result<()> {
+    let mut flags = CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS;
+    if spec.hostname.is_some() {
+        flags |= CloneFlags::CLONE_NEWUTS;
+    }
+    unshare(flags).context(
+        "cannot create a user namespace (unshare CLONE_NEWUSER): are user namespaces \
+         enabled (sysctl user.max_user_namespaces, kernel.unprivileged_userns_clone)?",
+    )?;
+    channel.send(&FromHolder::NeedMaps {
+        pid: std::process::id() as i32,
+    })?;
+    expect(channel, ToHolder::MapsWritten)?;
+    if let Some(hostname) = &spec.hostname {
+        nix::unistd::sethostname(hostname)
+            .with_context(|| format!("cannot set the container hostname to '{hostname}'"))?;
+    }
+    Ok(())
+}
+
+/// Stage 5: the user's binds, pivot_root, `Ready`; waits for `Release` while
+/// the FUSE daemons (if any) are still ours to stop on failure.
+fn finish(
+    channel: &mut Channel,
+    spec: &ContainerSpec,
+    root_path: &Path,
+    daemons: Vec<FuseMount>,
+) -> anyhow::Result<()> {
+    // A descriptor opened before unshare names the old namespace's mounts:
+    // open the root again in this one.
+    let root = open_root(root_path).context("stage 5")?;
+    for bind in spec.mounts.iter().chain(&spec.extra_binds) {
+        mounts::bind_into(&root, bind).context("stage 5")?;
+    }
+    drop(root);
+    mounts::pivot_into(root_path).context("stage 5")?;
+    let workdir = spec.effective_workdir();
+    if !Path::new(workdir).is_dir() {
+        bail!(
+            "the working directory {workdir} does not exist in the container; choose another \
+             with --container-workdir"
+        );
+    }
+    channel.send(&FromHolder::Ready {
+        pid: std::process::id() as i32,
+        fuse_pids: daemons.iter().map(FuseMount::pid).collect(),
+    })?;
+    expect(channel, ToHolder::Release)?;
+    for daemon in daemons {
+        daemon.keep();
+    }
+    Ok(())
+}
+
+/// Mounts a tmpfs on `base` (in our private namespace) and creates the
+/// overlay's directories on it.
+fn prepare_staging(base: &Path) -> anyhow::Result<StagingPaths> {
+    mounts::mount_tmpfs(base)?;
+    let paths = StagingPaths::under(base);
+    for dir in [&paths.lower, &paths.upper, &paths.work, &paths.root] {
+        std::fs::create_dir(dir)
+            .with_context(|| format!("cannot create staging directory {}", dir.display()))?;
+    }
+    Ok(paths)
+}
+
+/// Gives the overlay's upper directory the owner and mode of the image's root
+/// directory: the overlay's `/` shows the upper directory's.
+fn copy_root_attributes(lower: &Path, upper: &Path) -> anyhow::Result<()> {
+    let meta = std::fs::metadata(lower)
+        .with_context(|| format!("cannot stat the image root {}", lower.display()))?;
+    std::os::unix::fs::chown(upper, Some(meta.uid()), Some(meta.gid()))
+        .with_context(|| format!("cannot chown {}", upper.display()))?;
+    std::fs::set_permissions(upper, std::fs::Permissions::from_mode(meta.mode() & 0o7777))
+        .with_context(|| format!("cannot chmod {}", upper.display()))
+}
+
+fn open_root(path: &Path) -> anyhow::Result<RootDir> {
+    RootDir::open(path)
+        .with_context(|| format!("cannot open the container root {}", path.display()))
+}
+
+/// Stage 2: `/etc/passwd`, `/etc/group`, and a mount point for every bind.
+fn prepare_rootfs(
+    root: &RootDir,
+    spec: &ContainerSpec,
+    system_binds: &[MountSpec],
+) -> anyhow::Result<()> {
+    write_etc_file(root, "/etc/passwd", &spec.user, passwd_content)?;
+    write_etc_file(root, "/etc/group", &spec.user, group_content)?;
+    let binds = system_binds
+        .iter()
+        .chain(&spec.mounts)
+        .chain(&spec.extra_binds);
+    for bind in binds {
+        mounts::create_mount_point(root, bind)?;
+    }
+    Ok(())
+}
+
+fn write_etc_file(
+    root: &RootDir,
+    path: &str,
+    user: &UserIdentity,
+    build: fn(&str, &UserIdentity) -> String,
+) -> anyhow::Result<()> {
+    let path = Path::new(path);
+    let image = root
+        .read_file(path, ETC_FILE_LIMIT)
+        .with_context(|| format!("cannot read {} of the image", path.display()))?
+        .unwrap_or_default();
+    let content = build(&String::from_utf8_lossy(&image), user);
+    root.write_file(path, content.as_bytes(), 0o644)
+        .with_context(|| format!("cannot write {} in the container", path.display()))
+}
+
+/// Where an unprivileged holder mounts its staging tmpfs: `/run/berth` when it
+/// exists (in our own namespaces we may mount over it without write access),
+/// else `/var/tmp/berth-<uid>`, created private to the user.
+fn unprivileged_staging_dir(uid: u32) -> anyhow::Result<PathBuf> {
+    let shared = Path::new(STAGING_DIR);
+    if shared.is_dir() {
+        return Ok(shared.to_path_buf());
+    }
+    let own = PathBuf::from(format!("/var/tmp/berth-{uid}"));
+    match std::fs::create_dir(&own) {
+        Err(err) if err.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(err)
+                .with_context(|| format!("cannot create staging directory {}", own.display()));
+        }
+        _ => {}
+    }
+    let meta = std::fs::symlink_metadata(&own)
+        .with_context(|| format!("cannot stat staging directory {}", own.display()))?;
+    if !meta.is_dir() || meta.uid() != uid {
+        bail!(
+            "staging directory {} is not a directory owned by uid {uid}: remove it and try again",
+            own.display()
+        );
+    }
+    Ok(own)
+}
+
+fn expect(channel: &mut Channel, wanted: ToHolder) -> anyhow::Result<()> {
+    let got: ToHolder = channel.recv()?;
+    if got != wanted {
+        bail!("holder protocol error: expected {wanted:?}, got {got:?}");
+    }
+    Ok(())
+}

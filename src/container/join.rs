@@ -1,0 +1,431 @@
+//! A built container (its namespaces, held by descriptors) and the ways into
+//! it: [`Container::join`] for a process that is about to exec (a Slurm task),
+//! [`Container::run`] for a command started from here (the CLI).
+
+use std::ffi::{CStr, CString};
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use anyhow::{bail, Context};
+use nix::errno::Errno;
+use nix::sched::{setns, CloneFlags};
+use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+
+use crate::container::creds;
+use crate::container::env::task_env;
+use crate::container::fuse::{self, Daemon};
+use crate::container::spec::{ContainerSpec, UserIdentity};
+use crate::image::ImageConfig;
+
+/// The `PATH` searched when the task environment has none.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// A container's namespaces, kept alive by open descriptors.
+///
+/// The namespaces (and every mount in them, and the loop device under the
+/// image) live as long as this value or any process that joined them. Drop
+/// it, or call [`Container::shutdown`], when no more tasks will join; in
+/// unprivileged mode that also stops the FUSE daemons serving the image.
+#[derive(Debug)]
+pub struct Container {
+    user_ns: OwnedFd,
+    mount_ns: OwnedFd,
+    uts_ns: Option<OwnedFd>,
+    workdir: String,
+    image_config: ImageConfig,
+    user: UserIdentity,
+    daemons: Vec<Daemon>,
+    /// The process that owns the daemons; forked copies must not stop them.
+    owner_pid: u32,
+}
+
+/// The step of entering a container that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    SwitchUser = 1,
+    UserNamespace = 2,
+    UtsNamespace = 3,
+    MountNamespace = 4,
+    Workdir = 5,
+    Exec = 6,
+}
+
+impl Step {
+    fn from_code(code: u8) -> Option<Step> {
+        [
+            Step::SwitchUser,
+            Step::UserNamespace,
+            Step::UtsNamespace,
+            Step::MountNamespace,
+            Step::Workdir,
+            Step::Exec,
+        ]
+        .into_iter()
+        .find(|step| *step as u8 == code)
+    }
+}
+
+impl Container {
+    pub(crate) fn new(
+        user_ns: OwnedFd,
+        mount_ns: OwnedFd,
+        uts_ns: Option<OwnedFd>,
+        spec: &ContainerSpec,
+        daemons: Vec<Daemon>,
+    ) -> Container {
+        Container {
+            user_ns,
+            mount_ns,
+            uts_ns,
+            workdir: spec.effective_workdir().to_string(),
+            image_config: spec.image_config.clone(),
+            user: spec.user.clone(),
+            daemons,
+            owner_pid: std::process::id(),
+        }
+    }
+
+    /// The directory tasks start in.
+    pub fn workdir(&self) -> &str {
+        &self.workdir
+    }
+
+    /// The user the container was built for.
+    pub fn user(&self) -> &UserIdentity {
+        &self.user
+    }
+
+    /// Process ids of the FUSE daemons serving the image (unprivileged mode;
+    /// empty in privileged mode).
+    pub fn fuse_daemon_pids(&self) -> Vec<i32> {
+        self.daemons.iter().map(Daemon::pid).collect()
+    }
+
+    /// A task's environment: `job_env` with the image's `Env` on top
+    /// (see [`task_env`]).
+    pub fn env<I>(&self, job_env: I) -> Vec<(String, String)>
+    where
+        I: IntoIterator<Item = (String, String)>,
+    {
+        task_env(job_env, &self.image_config)
+    }
+
+    /// Moves the calling process into the container: its user namespace, its
+    /// UTS namespace (when it has a hostname), its mount namespace, and the
+    /// working directory. The process must be single-threaded and should exec
+    /// soon after (a Slurm task in `slurm_spank_task_init`, running as the user).
+    pub fn join(&self) -> anyhow::Result<()> {
+        let workdir = CString::new(self.workdir.as_bytes())
+            .with_context(|| format!("working directory {:?} contains a NUL byte", self.workdir))?;
+        self.enter(&workdir)
+            .map_err(|(step, errno)| anyhow::anyhow!(self.describe(step, errno, None)))
+    }
+
+    /// Runs `argv` inside the container with exactly the environment `env`
+    /// (build it with [`Container::env`]) and waits for it.
+    ///
+    /// The command runs in a forked child that, when the caller is root and the
+    /// container's user is not, first switches to the user; then joins the
+    /// container and execs `argv[0]`, searched in the `PATH` of `env`. SIGINT
+    /// and SIGTERM sent to the caller meanwhile are forwarded to the child.
+    /// Not for concurrent use from several threads.
+    pub fn run(&self, argv: &[String], env: &[(String, String)]) -> anyhow::Result<ExitStatus> {
+        let Some(program) = argv.first() else {
+            bail!("no command given to run in the container");
+        };
+        let args =
+            to_cstrings(argv.iter().map(String::as_bytes)).context("bad command argument")?;
+        let env_strings = to_cstrings(env.iter().map(|(k, v)| format!("{k}={v}").into_bytes()))
+            .context("bad environment variable")?;
+        let path = env
+            .iter()
+            .find(|(name, _)| name == "PATH")
+            .map_or(DEFAULT_PATH, |(_, value)| value.as_str());
+        let candidates = to_cstrings(
+            executable_candidates(program, path)
+                .iter()
+                .map(|p| p.as_bytes()),
+        )
+        .context("bad command name")?;
+        let workdir = CString::new(self.workdir.as_bytes()).context("bad working directory")?;
+        let switch_to_user = nix::unistd::geteuid().is_root() && self.user.uid != 0;
+        let groups = self.user.all_gids();
+        let arg_ptrs = null_terminated(&args);
+        let env_ptrs = null_terminated(&env_strings);
+        let (error_read, error_write) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create a pipe")?;
+
+        let forwarding = SignalForwarding::install()?;
+        // SAFETY: the child only makes raw syscalls on data prepared above
+        // (no allocation, no locks) until it execs or exits.
+        let fork = unsafe { nix::unistd::fork() }.context("cannot fork to run the command")?;
+        match fork {
+            nix::unistd::ForkResult::Child => {
+                drop(error_read);
+                let failure = (|| -> Result<std::convert::Infallible, (Step, Errno)> {
+                    if switch_to_user {
+                        creds::become_user(self.user.uid, self.user.gid, &groups)
+                            .map_err(|err| (Step::SwitchUser, errno_of(&err)))?;
+                    }
+                    self.enter(&workdir)?;
+                    Err((Step::Exec, exec_first(&candidates, &arg_ptrs, &env_ptrs)))
+                })();
+                let (step, errno) = match failure {
+                    Err(failure) => failure,
+                    Ok(never) => match never {},
+                };
+                let mut report = [0u8; 5];
+                report[0] = step as u8;
+                report[1..].copy_from_slice(&(errno as i32).to_ne_bytes());
+                // SAFETY: write and _exit are async-signal-safe; the buffer is valid.
+                unsafe {
+                    libc::write(
+                        error_write.as_raw_fd(),
+                        report.as_ptr().cast(),
+                        report.len(),
+                    );
+                    libc::_exit(127);
+                }
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                forwarding.forward_to(child.as_raw());
+                drop(error_write);
+                let mut report = Vec::new();
+                let read = std::fs::File::from(error_read).read_to_end(&mut report);
+                let status = wait_for(child.as_raw());
+                drop(forwarding);
+                read.context("cannot read the command's start-up report")?;
+                let status = status?;
+                if report.len() == 5 {
+                    let step = Step::from_code(report[0]).unwrap_or(Step::Exec);
+                    let errno =
+                        Errno::from_raw(i32::from_ne_bytes(report[1..5].try_into().unwrap()));
+                    bail!(self.describe(step, errno, Some((program.as_str(), path))));
+                }
+                Ok(status)
+            }
+        }
+    }
+
+    /// Stops the FUSE daemons (unprivileged mode) and closes the namespaces.
+    /// Processes still inside keep the namespaces, but lose the image.
+    pub fn shutdown(self) {
+        drop(self);
+    }
+
+    /// setns into the namespaces and chdir; raw syscalls only (used after fork).
+    fn enter(&self, workdir: &CStr) -> Result<(), (Step, Errno)> {
+        setns(self.user_ns.as_fd(), CloneFlags::CLONE_NEWUSER)
+            .map_err(|errno| (Step::UserNamespace, errno))?;
+        if let Some(uts_ns) = &self.uts_ns {
+            setns(uts_ns.as_fd(), CloneFlags::CLONE_NEWUTS)
+                .map_err(|errno| (Step::UtsNamespace, errno))?;
+        }
+        setns(self.mount_ns.as_fd(), CloneFlags::CLONE_NEWNS)
+            .map_err(|errno| (Step::MountNamespace, errno))?;
+        nix::unistd::chdir(workdir).map_err(|errno| (Step::Workdir, errno))?;
+        Ok(())
+    }
+
+    fn describe(&self, step: Step, errno: Errno, command: Option<(&str, &str)>) -> String {
+        let user = &self.user;
+        match step {
+            Step::SwitchUser => format!(
+                "cannot switch to user {} (uid {}, gid {}) to enter the container: {errno}",
+                user.name, user.uid, user.gid
+            ),
+            Step::UserNamespace => format!(
+                "cannot join the container's user namespace (setns): {errno}; the caller must be \
+                 single-threaded and be user {} (uid {}) or root",
+                user.name, user.uid
+            ),
+            Step::UtsNamespace => {
+                format!("cannot join the container's UTS namespace (setns): {errno}")
+            }
+            Step::MountNamespace => {
+                format!("cannot join the container's mount namespace (setns): {errno}")
+            }
+            Step::Workdir => format!(
+                "cannot change to the working directory {} in the container: {errno}; does it \
+                 exist in the image? Choose another with --container-workdir",
+                self.workdir
+            ),
+            Step::Exec => match command {
+                Some((program, path)) if errno == Errno::ENOENT && !program.contains('/') => {
+                    format!("command '{program}' not found in the container (PATH={path})")
+                }
+                Some((program, _)) => format!("cannot run '{program}' in the container: {errno}"),
+                None => format!("cannot run the command in the container: {errno}"),
+            },
+        }
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        if std::process::id() == self.owner_pid && !self.daemons.is_empty() {
+            fuse::stop_all(&self.daemons);
+        }
+    }
+}
+
+/// The paths to try for `program`: itself when it has a `/`, else each `PATH`
+/// entry joined with it (an empty entry is the working directory).
+fn executable_candidates(program: &str, path: &str) -> Vec<String> {
+    if program.contains('/') {
+        return vec![program.to_string()];
+    }
+    path.split(':')
+        .map(|dir| {
+            if dir.is_empty() {
+                program.to_string()
+            } else {
+                format!("{}/{program}", dir.trim_end_matches('/'))
+            }
+        })
+        .collect()
+}
+
+/// execve each candidate in turn; returns the error to report when none ran
+/// (EACCES if some candidate existed but was not executable, like execvp).
+fn exec_first(
+    candidates: &[CString],
+    argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
+) -> Errno {
+    let mut result = Errno::ENOENT;
+    for candidate in candidates {
+        // SAFETY: all three are NUL-terminated C strings / null-terminated
+        // pointer arrays that outlive the call.
+        unsafe { libc::execve(candidate.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+        match Errno::last() {
+            Errno::ENOENT | Errno::ENOTDIR => {}
+            Errno::EACCES => result = Errno::EACCES,
+            other => return other,
+        }
+    }
+    result
+}
+
+fn to_cstrings<I, B>(items: I) -> anyhow::Result<Vec<CString>>
+where
+    I: IntoIterator<Item = B>,
+    B: Into<Vec<u8>>,
+{
+    items
+        .into_iter()
+        .map(|item| {
+            let bytes = item.into();
+            CString::new(bytes).map_err(|err| {
+                anyhow::anyhow!(
+                    "{:?} contains a NUL byte",
+                    std::ffi::OsStr::from_bytes(&err.into_vec())
+                )
+            })
+        })
+        .collect()
+}
+
+fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
+    strings
+        .iter()
+        .map(|s| s.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect()
+}
+
+fn errno_of(err: &std::io::Error) -> Errno {
+    Errno::from_raw(err.raw_os_error().unwrap_or(libc::EIO))
+}
+
+fn wait_for(pid: i32) -> anyhow::Result<ExitStatus> {
+    let mut status = 0;
+    loop {
+        // SAFETY: waitpid on our own child with a valid status pointer.
+        let ret = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if ret == pid {
+            return Ok(ExitStatus::from_raw(status));
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINTR) {
+            return Err(err).context("cannot wait for the command");
+        }
+    }
+}
+
+/// The child SIGINT and SIGTERM are forwarded to (0: none yet).
+static FORWARD_TO: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward_signal(signal: libc::c_int) {
+    let pid = FORWARD_TO.load(Ordering::SeqCst);
+    if pid > 0 {
+        // SAFETY: kill is async-signal-safe.
+        unsafe { libc::kill(pid, signal) };
+    }
+}
+
+/// SIGINT and SIGTERM handlers that forward to the running child, restored
+/// to the previous ones when dropped.
+struct SignalForwarding {
+    previous: Vec<(Signal, SigAction)>,
+}
+
+impl SignalForwarding {
+    fn install() -> anyhow::Result<SignalForwarding> {
+        FORWARD_TO.store(0, Ordering::SeqCst);
+        let action = SigAction::new(
+            SigHandler::Handler(forward_signal),
+            SaFlags::SA_RESTART,
+            SigSet::empty(),
+        );
+        let mut previous = Vec::new();
+        for signal in [Signal::SIGINT, Signal::SIGTERM] {
+            // SAFETY: the handler only reads an atomic and calls kill.
+            let old = unsafe { sigaction(signal, &action) }
+                .with_context(|| format!("cannot install a {signal} handler"))?;
+            previous.push((signal, old));
+        }
+        Ok(SignalForwarding { previous })
+    }
+
+    fn forward_to(&self, pid: i32) {
+        FORWARD_TO.store(pid, Ordering::SeqCst);
+    }
+}
+
+impl Drop for SignalForwarding {
+    fn drop(&mut self) {
+        FORWARD_TO.store(0, Ordering::SeqCst);
+        for (signal, old) in &self.previous {
+            // SAFETY: restores the handler that was installed before.
+            let _ = unsafe { sigaction(*signal, old) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candidates_follow_path() {
+        assert_eq!(
+            executable_candidates("id", "/usr/bin:/bin/:"),
+            vec!["/usr/bin/id", "/bin/id", "id"]
+        );
+        assert_eq!(executable_candidates("./x", "/bin"), vec!["./x"]);
+        assert_eq!(executable_candidates("/bin/sh", "/x"), vec!["/bin/sh"]);
+    }
+
+    #[test]
+    fn steps_round_trip_through_codes() {
+        for code in 1..=6 {
+            assert_eq!(Step::from_code(code).unwrap() as u8, code);
+        }
+        assert_eq!(Step::from_code(0), None);
+    }
+}

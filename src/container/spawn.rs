@@ -1,0 +1,293 @@
+//! The caller's side of the holder: start it, answer it, take its namespaces.
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use nix::unistd::{geteuid, getuid, seteuid, Uid};
+
+use crate::container::channel::{Channel, FromHolder, ToHolder};
+use crate::container::creds;
+use crate::container::fuse::Daemon;
+use crate::container::holder::{HOLDER_ARG, HOLDER_FD};
+use crate::container::join::Container;
+use crate::container::spec::{ContainerSpec, Mode, UserIdentity};
+
+/// How long the caller waits for any one answer of the holder.
+const STEP_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Builds the container described by `spec` with a helper process
+/// (`<helper_exe> __holder`, see [`crate::container::holder_main`]) and returns
+/// its namespaces.
+///
+/// [`Mode::Privileged`] needs real uid 0; when only the effective uid was
+/// dropped (slurmstepd in `slurm_spank_user_init`), it is raised to 0 for the
+/// duration of the call and restored, and the helper runs as full root.
+/// [`Mode::Unprivileged`] runs as `spec.user`, which must be the caller.
+///
+/// Safe to call from a multi-threaded process: the helper is started with
+/// fork and exec, and only raw syscalls run in between.
+pub fn spawn_holder(
+    helper_exe: &Path,
+    spec: &ContainerSpec,
+    mode: Mode,
+) -> anyhow::Result<Container> {
+    check_caller(spec, mode)?;
+    let _root = EffectiveRoot::raise_if_needed(mode)?;
+    let (ours, theirs) =
+        UnixStream::pair().context("cannot create the socket pair for the container helper")?;
+    let mut command = Command::new(helper_exe);
+    command
+        .arg(HOLDER_ARG)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    let channel_fd = theirs.as_raw_fd();
+    let full_root = mode == Mode::Privileged;
+    // SAFETY: the closure makes raw syscalls only (dup2, fcntl, setres*id,
+    // setgroups): async-signal-safe, as required after fork in a
+    // multi-threaded process.
+    unsafe {
+        command.pre_exec(move || {
+            hand_over_channel(channel_fd)?;
+            if full_root && libc::getuid() == 0 {
+                creds::become_full_root()?;
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().with_context(|| {
+        format!(
+            "cannot start the container helper {} {HOLDER_ARG}",
+            helper_exe.display()
+        )
+    })?;
+    drop(theirs);
+    let result = Channel::new(ours).and_then(|mut channel| drive(&mut channel, &child, spec, mode));
+    finish_child(&mut child, result.is_ok())
+        .and(result)
+        .with_context(|| {
+            format!(
+                "cannot set up the container for image {}",
+                spec.squashfs.display()
+            )
+        })
+}
+
+/// Runs the protocol: Start, maps, Ready; opens the namespaces; Release.
+fn drive(
+    channel: &mut Channel,
+    child: &Child,
+    spec: &ContainerSpec,
+    mode: Mode,
+) -> anyhow::Result<Container> {
+    channel.set_timeout(STEP_TIMEOUT)?;
+    channel.send(&ToHolder::Start {
+        spec: Box::new(spec.clone()),
+        mode,
+    })?;
+    let pid = child.id() as i32;
+    loop {
+        match channel.recv::<FromHolder>()? {
+            FromHolder::NeedMaps { .. } => {
+                write_id_maps(pid, &spec.user, mode)?;
+                channel.send(&ToHolder::MapsWritten)?;
+            }
+            FromHolder::Ready { fuse_pids, .. } => {
+                let user_ns = open_namespace(pid, "user")?;
+                let mount_ns = open_namespace(pid, "mnt")?;
+                let uts_ns = match spec.hostname {
+                    Some(_) => Some(open_namespace(pid, "uts")?),
+                    None => None,
+                };
+                let daemons = fuse_pids
+                    .into_iter()
+                    .map(|fuse_pid| {
+                        Daemon::open(fuse_pid).with_context(|| {
+                            format!("cannot take hold of FUSE daemon (pid {fuse_pid})")
+                        })
+                    })
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                let container = Container::new(user_ns, mount_ns, uts_ns, spec, daemons);
+                channel.send(&ToHolder::Release)?;
+                return Ok(container);
+            }
+            FromHolder::Failed { error } => bail!("{error}"),
+        }
+    }
+}
+
+/// Reaps the helper. After a failure it is killed first (it may be stuck);
+/// after success it must exit 0 by itself.
+fn finish_child(child: &mut Child, succeeded: bool) -> anyhow::Result<()> {
+    if !succeeded {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Ok(());
+    }
+    let status = child
+        .wait()
+        .context("cannot wait for the container helper")?;
+    if !status.success() {
+        bail!("the container helper exited with {status} after setup");
+    }
+    Ok(())
+}
+
+fn check_caller(spec: &ContainerSpec, mode: Mode) -> anyhow::Result<()> {
+    match mode {
+        Mode::Privileged if !getuid().is_root() && !geteuid().is_root() => bail!(
+            "setting up a container for another user needs root; run as root, or in \
+             unprivileged mode as the user"
+        ),
+        Mode::Unprivileged if geteuid().as_raw() != spec.user.uid => bail!(
+            "an unprivileged container runs as its caller (uid {}), not as {} (uid {})",
+            geteuid(),
+            spec.user.name,
+            spec.user.uid
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// Puts the child's end of the socket pair on [`HOLDER_FD`], inheritable.
+/// Runs between fork and exec.
+fn hand_over_channel(fd: RawFd) -> std::io::Result<()> {
+    if fd == HOLDER_FD {
+        // SAFETY: fcntl on a descriptor we own; clears FD_CLOEXEC.
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    // SAFETY: dup2 onto a fixed number; the copy does not have FD_CLOEXEC.
+    } else if unsafe { libc::dup2(fd, HOLDER_FD) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The uid_map, setgroups and gid_map contents for the holder's user namespace.
+///
+/// Privileged: the uid, and the primary and every supplementary group, each
+/// mapped to itself, one line each; never a range, and never 0 unless the
+/// user is root (a user who became uid 0 inside must not own host root's
+/// files). Unprivileged: the kernel allows only the caller's own uid and gid,
+/// with setgroups denied.
+pub(crate) fn id_maps(user: &UserIdentity, mode: Mode) -> (String, &'static str, String) {
+    let uid_map = format!("{0} {0} 1\n", user.uid);
+    match mode {
+        Mode::Privileged => {
+            let gid_map = user
+                .all_gids()
+                .into_iter()
+                .filter(|gid| *gid != 0 || user.uid == 0)
+                .map(|gid| format!("{gid} {gid} 1\n"))
+                .collect();
+            (uid_map, "allow", gid_map)
+        }
+        Mode::Unprivileged => (uid_map, "deny", format!("{0} {0} 1\n", user.gid)),
+    }
+}
+
+fn write_id_maps(pid: i32, user: &UserIdentity, mode: Mode) -> anyhow::Result<()> {
+    let (uid_map, setgroups, gid_map) = id_maps(user, mode);
+    for (file, content) in [
+        ("uid_map", uid_map.as_str()),
+        ("setgroups", setgroups),
+        ("gid_map", gid_map.as_str()),
+    ] {
+        let path = format!("/proc/{pid}/{file}");
+        std::fs::write(&path, content).with_context(|| {
+            format!(
+                "cannot write {path} ({:?}) for the container's user namespace",
+                content.trim_end()
+            )
+        })?;
+    }
+    Ok(())
+}
+
+fn open_namespace(pid: i32, kind: &str) -> anyhow::Result<OwnedFd> {
+    let path = format!("/proc/{pid}/ns/{kind}");
+    let file = File::open(&path).with_context(|| format!("cannot open {path}"))?;
+    Ok(file.into())
+}
+
+/// Raises the effective uid to 0 while alive when the real uid is 0 but the
+/// effective one is not (slurmstepd inside `slurm_spank_user_init`).
+struct EffectiveRoot {
+    restore: Option<Uid>,
+}
+
+impl EffectiveRoot {
+    fn raise_if_needed(mode: Mode) -> anyhow::Result<EffectiveRoot> {
+        let euid = geteuid();
+        if mode != Mode::Privileged || !getuid().is_root() || euid.is_root() {
+            return Ok(EffectiveRoot { restore: None });
+        }
+        seteuid(Uid::from_raw(0)).context("cannot raise the effective uid to 0")?;
+        Ok(EffectiveRoot {
+            restore: Some(euid),
+        })
+    }
+}
+
+impl Drop for EffectiveRoot {
+    fn drop(&mut self) {
+        if let Some(euid) = self.restore {
+            let _ = seteuid(euid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn user(uid: u32, gid: u32, groups: Vec<u32>) -> UserIdentity {
+        UserIdentity {
+            uid,
+            gid,
+            groups,
+            name: "u".into(),
+            home: "/".into(),
+            shell: "/bin/sh".into(),
+            group_names: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn privileged_maps_each_group_to_itself() {
+        let (uid_map, setgroups, gid_map) =
+            id_maps(&user(1001, 1002, vec![1002, 1001, 27]), Mode::Privileged);
+        assert_eq!(uid_map, "1001 1001 1\n");
+        assert_eq!(setgroups, "allow");
+        assert_eq!(gid_map, "1002 1002 1\n1001 1001 1\n27 27 1\n");
+    }
+
+    #[test]
+    fn privileged_never_maps_group_zero_for_a_user() {
+        let (_, _, gid_map) = id_maps(&user(1001, 1002, vec![0, 1002]), Mode::Privileged);
+        assert_eq!(gid_map, "1002 1002 1\n");
+    }
+
+    #[test]
+    fn root_maps_itself() {
+        let (uid_map, _, gid_map) = id_maps(&user(0, 0, vec![0]), Mode::Privileged);
+        assert_eq!(uid_map, "0 0 1\n");
+        assert_eq!(gid_map, "0 0 1\n");
+    }
+
+    #[test]
+    fn unprivileged_maps_only_self() {
+        let (uid_map, setgroups, gid_map) =
+            id_maps(&user(1001, 1002, vec![1002, 1001]), Mode::Unprivileged);
+        assert_eq!(uid_map, "1001 1001 1\n");
+        assert_eq!(setgroups, "deny");
+        assert_eq!(gid_map, "1002 1002 1\n");
+    }
+}
