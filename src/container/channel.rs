@@ -1,7 +1,8 @@
 //! The typed channel between the caller and the holder process: one JSON
 //! message per line over a unix socket pair.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
@@ -80,8 +81,7 @@ impl Channel {
     pub fn send<T: Serialize>(&mut self, message: &T) -> anyhow::Result<()> {
         let mut line = serde_json::to_vec(message).context("cannot encode a holder message")?;
         line.push(b'\n');
-        self.writer
-            .write_all(&line)
+        send_all(&self.writer, &line)
             .context("cannot send a message on the holder channel (did the other side exit?)")
     }
 
@@ -98,6 +98,32 @@ impl Channel {
         serde_json::from_str(&line)
             .with_context(|| format!("malformed holder message: {}", line.trim_end()))
     }
+}
+
+/// Writes all of `bytes` with MSG_NOSIGNAL: a peer that exited must give us
+/// EPIPE, never a SIGPIPE (which would kill slurmstepd, whose handler we do
+/// not control).
+fn send_all(socket: &UnixStream, mut bytes: &[u8]) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        // SAFETY: the pointer and length describe the live slice `bytes`.
+        let sent = unsafe {
+            libc::send(
+                socket.as_raw_fd(),
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if sent < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        bytes = &bytes[sent as usize..];
+    }
+    Ok(())
 }
 
 #[cfg(test)]

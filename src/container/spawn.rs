@@ -157,13 +157,14 @@ fn check_caller(spec: &ContainerSpec, mode: Mode) -> anyhow::Result<()> {
 /// Puts the child's end of the socket pair on [`HOLDER_FD`], inheritable.
 /// Runs between fork and exec.
 fn hand_over_channel(fd: RawFd) -> std::io::Result<()> {
-    if fd == HOLDER_FD {
+    let ret = if fd == HOLDER_FD {
         // SAFETY: fcntl on a descriptor we own; clears FD_CLOEXEC.
-        if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    // SAFETY: dup2 onto a fixed number; the copy does not have FD_CLOEXEC.
-    } else if unsafe { libc::dup2(fd, HOLDER_FD) } < 0 {
+        unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }
+    } else {
+        // SAFETY: dup2 onto a fixed number; the copy does not have FD_CLOEXEC.
+        unsafe { libc::dup2(fd, HOLDER_FD) }
+    };
+    if ret < 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
