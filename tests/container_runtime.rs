@@ -1,0 +1,475 @@
+//! End-to-end tests of the container runtime: build a small busybox image,
+//! run commands in it through `examples/container_run.rs` (which uses
+//! `examples/holder.rs` as the helper), and check what the user sees inside
+//! and that nothing is left on the host afterwards.
+//!
+//! They need root, an ordinary user `berthuser`, busybox (static),
+//! `mksquashfs`, `findmnt`, `losetup`, and for the unprivileged test
+//! `squashfuse` and `fuse-overlayfs`; each test says why when it skips.
+
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use berth::container::UserIdentity;
+
+const TEST_USER: &str = "berthuser";
+
+/// Why the test cannot run here, if it cannot.
+fn missing_prerequisite(tools: &[&str]) -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("needs root".into());
+    }
+    if nix::unistd::User::from_name(TEST_USER)
+        .ok()
+        .flatten()
+        .is_none()
+    {
+        return Some(format!(
+            "needs a user '{TEST_USER}' (useradd -m {TEST_USER})"
+        ));
+    }
+    for tool in ["busybox", "mksquashfs", "findmnt", "losetup"]
+        .iter()
+        .chain(tools)
+    {
+        if which(tool).is_none() {
+            return Some(format!("needs '{tool}' on PATH"));
+        }
+    }
+    if !example("container_run").exists() || !example("holder").exists() {
+        return Some("needs the examples built (cargo build --examples)".into());
+    }
+    None
+}
+
+macro_rules! skip_unless_ready {
+    ($($tool:expr),*) => {
+        if let Some(reason) = missing_prerequisite(&[$($tool),*]) {
+            eprintln!("SKIPPED: {reason}");
+            return;
+        }
+    };
+}
+
+fn which(tool: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|dir| Path::new(dir).join(tool))
+        .find(|path| path.is_file())
+}
+
+/// `target/<profile>/examples/<name>`, next to this test's `deps` directory.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join(name)
+}
+
+fn test_user() -> UserIdentity {
+    let entry = nix::unistd::User::from_name(TEST_USER).unwrap().unwrap();
+    UserIdentity::lookup(entry.uid.as_raw(), entry.gid.as_raw()).unwrap()
+}
+
+/// A world-readable scratch directory (the unprivileged test runs as the user).
+fn scratch() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("berth-test-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+/// A busybox root file system in `dir/rootfs`; returns its path.
+fn busybox_rootfs(dir: &Path) -> PathBuf {
+    let root = dir.join("rootfs");
+    for sub in ["bin", "etc", "proc", "sys", "dev", "tmp", "srv/work"] {
+        std::fs::create_dir_all(root.join(sub)).unwrap();
+    }
+    std::fs::copy(which("busybox").unwrap(), root.join("bin/busybox")).unwrap();
+    let applets = [
+        "sh", "id", "whoami", "cat", "ls", "pwd", "echo", "touch", "hostname", "env", "sleep",
+    ];
+    for applet in applets {
+        symlink("busybox", root.join("bin").join(applet)).unwrap();
+    }
+    std::fs::write(
+        root.join("etc/os-release"),
+        "NAME=\"berth test image\"\nID=berthtest\n",
+    )
+    .unwrap();
+    std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+    std::fs::write(root.join("etc/group"), "root:x:0:\n").unwrap();
+    root
+}
+
+fn make_squashfs(rootfs: &Path, out: &Path) {
+    let status = Command::new("mksquashfs")
+        .arg(rootfs)
+        .arg(out)
+        .args(["-quiet", "-noappend", "-all-root", "-no-progress"])
+        .status()
+        .unwrap();
+    assert!(status.success(), "mksquashfs failed");
+    std::fs::set_permissions(out, std::fs::Permissions::from_mode(0o644)).unwrap();
+}
+
+/// A data directory with one file, to bind into the container.
+fn data_dir(dir: &Path) -> PathBuf {
+    let data = dir.join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("file"), "hello from the host\n").unwrap();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    data
+}
+
+fn image_config(dir: &Path) -> PathBuf {
+    let path = dir.join("config.json");
+    let config = serde_json::json!({
+        "env": ["PATH=/bin", "FROM_IMAGE=yes"],
+        "working_dir": "/srv/work",
+    });
+    std::fs::write(&path, config.to_string()).unwrap();
+    path
+}
+
+fn run(command: &mut Command) -> Output {
+    let output = command.output().unwrap();
+    eprintln!(
+        "--- {command:?}\n--- stdout:\n{}--- stderr:\n{}--- {}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+        output.status
+    );
+    output
+}
+
+/// The shell script run inside, printing what the checks look at.
+const PROBE: &str =
+    "id; whoami; cat /etc/os-release; echo PWD=$(pwd); echo FROM_IMAGE=$FROM_IMAGE; \
+                     echo PATH=$PATH; cat /data/file; touch /data/new 2>/dev/null; echo TOUCH=$?";
+
+fn check_probe(stdout: &str, user: &UserIdentity, all_groups: bool) {
+    let id_prefix = format!("uid={}({}) gid={}(", user.uid, user.name, user.gid);
+    assert!(
+        stdout.contains(&id_prefix),
+        "id output lacks {id_prefix}:\n{stdout}"
+    );
+    let id_line = stdout.lines().next().unwrap();
+    if all_groups {
+        for gid in user.all_gids() {
+            let name = &user.group_names[&gid];
+            assert!(
+                id_line.contains(&format!("{gid}({name})")),
+                "group {gid} missing: {id_line}"
+            );
+        }
+    }
+    assert!(stdout.lines().any(|l| l == user.name), "whoami: {stdout}");
+    assert!(
+        stdout.contains("ID=berthtest"),
+        "os-release of the image: {stdout}"
+    );
+    assert!(
+        stdout.contains("PWD=/srv/work"),
+        "image WorkingDir: {stdout}"
+    );
+    assert!(stdout.contains("FROM_IMAGE=yes"), "image Env: {stdout}");
+    assert!(stdout.contains("PATH=/bin\n"), "image PATH wins: {stdout}");
+    assert!(
+        stdout.contains("hello from the host"),
+        "bind mount: {stdout}"
+    );
+    assert!(
+        stdout.contains("TOUCH=1"),
+        "the ro bind must refuse writes: {stdout}"
+    );
+}
+
+/// Host mounts under the holder's staging directory (there must be none).
+fn staging_mounts() -> Vec<String> {
+    let output = Command::new("findmnt")
+        .args(["-rn", "-o", "TARGET"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|target| target.starts_with("/run/berth") || target.contains("berth-test-"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Loop devices backed by `image` (there must be none once the container is gone).
+fn loop_devices_of(image: &Path) -> Vec<String> {
+    let output = Command::new("losetup").arg("-a").output().unwrap();
+    let name = image.to_string_lossy().into_owned();
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|line| line.contains(&name))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Polls `condition` for a few seconds (autoclear and reaping are asynchronous).
+fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !condition() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "timed out waiting for: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if cmdline.contains(needle) {
+                found.push(format!(
+                    "{}: {cmdline}",
+                    entry.file_name().to_string_lossy()
+                ));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn privileged_container_runs_as_the_user_and_leaves_nothing_behind() {
+    skip_unless_ready!();
+    let dir = scratch();
+    let image = dir.path().join("image.sqfs");
+    make_squashfs(&busybox_rootfs(dir.path()), &image);
+    let data = data_dir(dir.path());
+    let config = image_config(dir.path());
+    let output = run(Command::new(example("container_run"))
+        .args(["--privileged", "--user", TEST_USER, "--config"])
+        .arg(&config)
+        .arg("--mounts")
+        .arg(format!("{}:/data:ro", data.display()))
+        .arg(&image)
+        .args(["--", "sh", "-c", PROBE]));
+    assert!(output.status.success());
+    check_probe(&String::from_utf8_lossy(&output.stdout), &test_user(), true);
+    assert!(!data.join("new").exists());
+    assert_eq!(staging_mounts(), Vec::<String>::new());
+    eventually("the loop device to clear itself", || {
+        loop_devices_of(&image).is_empty()
+    });
+}
+
+#[test]
+fn unprivileged_container_runs_as_its_caller() {
+    skip_unless_ready!("squashfuse", "fuse-overlayfs", "runuser");
+    let fuse = std::fs::metadata("/dev/fuse").map(|m| m.permissions().mode() & 0o777);
+    if fuse.map_or(true, |mode| mode != 0o666) {
+        eprintln!("note: making /dev/fuse mode 0666 so that users may mount FUSE file systems");
+        std::fs::set_permissions("/dev/fuse", std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
+    let dir = scratch();
+    let image = dir.path().join("image.sqfs");
+    make_squashfs(&busybox_rootfs(dir.path()), &image);
+    let data = data_dir(dir.path());
+    let config = image_config(dir.path());
+    let output = run(Command::new("runuser")
+        .args(["-u", TEST_USER, "--"])
+        .arg(example("container_run"))
+        .args(["--unprivileged", "--hostname", "inside", "--config"])
+        .arg(&config)
+        .arg("--mounts")
+        .arg(format!("{}:/data:ro", data.display()))
+        .arg(&image)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            &format!("{PROBE}; hostname; echo w > /written && cat /written"),
+        ]));
+    assert!(output.status.success());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    // Only the user's own uid and gid are mapped: other groups show as nobody.
+    check_probe(&stdout, &test_user(), false);
+    assert!(stdout.contains("\ninside\n"), "hostname: {stdout}");
+    assert!(stdout.ends_with("w\n"), "the root is writable: {stdout}");
+    eventually("the FUSE daemons to exit", || {
+        processes_mentioning(&image.to_string_lossy()).is_empty()
+    });
+    assert_eq!(staging_mounts(), Vec::<String>::new());
+}
+
+#[test]
+fn hostile_image_symlinks_do_not_write_on_the_host() {
+    skip_unless_ready!();
+    let dir = scratch();
+    let tag = dir
+        .path()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let escape = |what: &str| PathBuf::from(format!("/tmp/{tag}-{what}-escape"));
+
+    // Image 1: /etc itself points at a host path.
+    let rootfs = busybox_rootfs(dir.path());
+    std::fs::remove_dir_all(rootfs.join("etc")).unwrap();
+    symlink(escape("etc"), rootfs.join("etc")).unwrap();
+    let image1 = dir.path().join("etc-link.sqfs");
+    make_squashfs(&rootfs, &image1);
+
+    // Image 2: the files we write or mount on point out of the image.
+    std::fs::remove_file(rootfs.join("etc")).unwrap();
+    std::fs::create_dir(rootfs.join("etc")).unwrap();
+    symlink(escape("passwd"), rootfs.join("etc/passwd")).unwrap();
+    symlink(
+        format!("../../../../../..{}", escape("group").display()),
+        rootfs.join("etc/group"),
+    )
+    .unwrap();
+    symlink(escape("hosts"), rootfs.join("etc/hosts")).unwrap();
+    symlink("/", rootfs.join("tmp-root")).unwrap();
+    let image2 = dir.path().join("file-links.sqfs");
+    make_squashfs(&rootfs, &image2);
+
+    // In image 2 the mount target goes through an in-image absolute symlink.
+    for (image, target) in [(&image1, "/data"), (&image2, "/tmp-root/data")] {
+        let output = run(Command::new(example("container_run"))
+            .args(["--privileged", "--user", TEST_USER])
+            .arg("--mounts")
+            .arg(format!(
+                "{}:{target}",
+                data_dir_for(dir.path(), image).display()
+            ))
+            .arg(image)
+            .args(["--", "sh", "-c", "cat /etc/passwd; ls /data"]));
+        assert!(output.status.success());
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(stdout.contains(&format!("{TEST_USER}:x:")), "{stdout}");
+        assert!(
+            stdout.contains("file"),
+            "bind through an in-image symlink: {stdout}"
+        );
+        for what in ["etc", "passwd", "group", "hosts"] {
+            assert!(
+                !escape(what).exists(),
+                "{} was created on the host",
+                escape(what).display()
+            );
+        }
+    }
+}
+
+fn data_dir_for(dir: &Path, image: &Path) -> PathBuf {
+    let data = dir.join(format!(
+        "data-{}",
+        image.file_stem().unwrap().to_string_lossy()
+    ));
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("file"), "x").unwrap();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    data
+}
+
+#[test]
+fn errors_name_the_failing_path() {
+    skip_unless_ready!();
+    let dir = scratch();
+    let image = dir.path().join("image.sqfs");
+    make_squashfs(&busybox_rootfs(dir.path()), &image);
+
+    let output = run(Command::new(example("container_run"))
+        .args([
+            "--privileged",
+            "--user",
+            TEST_USER,
+            "--mounts",
+            "/nonexistent-berth-src:/x",
+        ])
+        .arg(&image)
+        .args(["--", "true"]));
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("/nonexistent-berth-src"), "{stderr}");
+
+    let output = run(Command::new(example("container_run"))
+        .args([
+            "--privileged",
+            "--user",
+            TEST_USER,
+            "--workdir",
+            "/no/such/dir",
+        ])
+        .arg(&image)
+        .args(["--", "true"]));
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("/no/such/dir"), "{stderr}");
+
+    let output = run(Command::new(example("container_run"))
+        .args(["--privileged", "--user", TEST_USER])
+        .arg(&image)
+        .args(["--", "no-such-command"]));
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("'no-such-command' not found"), "{stderr}");
+
+    let output = run(Command::new(example("container_run"))
+        .args(["--privileged", "--user", TEST_USER])
+        .arg(dir.path().join("missing.sqfs"))
+        .args(["--", "true"]));
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("missing.sqfs"), "{stderr}");
+
+    assert_eq!(staging_mounts(), Vec::<String>::new());
+    eventually("no loop device left", || loop_devices_of(&image).is_empty());
+}
+
+#[test]
+fn exit_status_and_sigterm_reach_the_caller() {
+    skip_unless_ready!();
+    let dir = scratch();
+    let image = dir.path().join("image.sqfs");
+    make_squashfs(&busybox_rootfs(dir.path()), &image);
+
+    let output = run(Command::new(example("container_run"))
+        .args(["--user", TEST_USER])
+        .arg(&image)
+        .args(["--", "sh", "-c", "exit 3"]));
+    assert_eq!(output.status.code(), Some(3));
+
+    let script = "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.1; done";
+    let mut child = Command::new(example("container_run"))
+        .args(["--user", TEST_USER])
+        .arg(&image)
+        .args(["--", "sh", "-c", script])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = child.wait().unwrap();
+    line.clear();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert_eq!(line, "got-term\n");
+    assert_eq!(
+        status.code(),
+        Some(7),
+        "the command's status, after the forwarded SIGTERM"
+    );
+    eventually("no loop device left", || loop_devices_of(&image).is_empty());
+}
