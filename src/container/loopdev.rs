@@ -150,6 +150,15 @@ fn open_device(path: &Path) -> anyhow::Result<File> {
 /// Binds `device` to `backing`: LOOP_CONFIGURE, or the two legacy ioctls on
 /// kernels without it (before 5.8).
 fn configure(device: &File, backing: &File, info: &LoopInfo64) -> io::Result<()> {
+    match configure_at_once(device, backing, info) {
+        Err(err) if matches!(err.raw_os_error(), Some(libc::EINVAL | libc::ENOTTY)) => {
+            configure_legacy(device, backing, info)
+        }
+        other => other,
+    }
+}
+
+fn configure_at_once(device: &File, backing: &File, info: &LoopInfo64) -> io::Result<()> {
     // SAFETY: LoopConfig is plain integers and byte arrays: all-zero is valid.
     let mut config: LoopConfig = unsafe { std::mem::zeroed() };
     config.fd = backing.as_raw_fd() as u32;
@@ -162,30 +171,120 @@ fn configure(device: &File, backing: &File, info: &LoopInfo64) -> io::Result<()>
             &config as *const LoopConfig,
         )
     };
-    if ret == 0 {
-        return Ok(());
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
     }
-    let err = io::Error::last_os_error();
-    if !matches!(err.raw_os_error(), Some(libc::EINVAL | libc::ENOTTY)) {
-        return Err(err);
-    }
-    // SAFETY: LOOP_SET_FD takes the backing file descriptor by value.
+    Ok(())
+}
+
+fn configure_legacy(device: &File, backing: &File, info: &LoopInfo64) -> io::Result<()> {
+    // SAFETY: LOOP_SET_FD takes the backing file descriptor by value. The
+    // device is read-only because the backing file was opened read-only.
     if unsafe { libc::ioctl(device.as_raw_fd(), LOOP_SET_FD, backing.as_raw_fd()) } != 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: LOOP_SET_STATUS64 reads one struct loop_info64, which outlives the call.
-    if unsafe {
+    let ret = unsafe {
         libc::ioctl(
             device.as_raw_fd(),
             LOOP_SET_STATUS64,
             info as *const LoopInfo64,
         )
-    } != 0
-    {
+    };
+    if ret != 0 {
         let err = io::Error::last_os_error();
         // SAFETY: LOOP_CLR_FD takes no argument; it undoes our LOOP_SET_FD.
         unsafe { libc::ioctl(device.as_raw_fd(), LOOP_CLR_FD, 0) };
         return Err(err);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads `/sys/block/loopN/<attribute>`, trimmed; None when absent.
+    fn sysfs(device: &Path, attribute: &str) -> Option<String> {
+        let name = device.file_name()?.to_str()?;
+        std::fs::read_to_string(format!("/sys/block/{name}/{attribute}"))
+            .ok()
+            .map(|text| text.trim().to_string())
+    }
+
+    fn backing_file() -> tempfile::NamedTempFile {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        file.as_file().set_len(1 << 20).unwrap();
+        file
+    }
+
+    fn assert_bound_then_cleared(device: LoopDevice, image: &Path) {
+        let path = device.path().to_path_buf();
+        assert_eq!(sysfs(&path, "ro").as_deref(), Some("1"));
+        assert_eq!(sysfs(&path, "loop/autoclear").as_deref(), Some("1"));
+        assert_eq!(
+            sysfs(&path, "loop/backing_file").as_deref(),
+            Some(image.to_str().unwrap())
+        );
+        drop(device);
+        // Autoclear: the last close detaches it (possibly a moment later).
+        let start = std::time::Instant::now();
+        while sysfs(&path, "loop/backing_file").is_some() {
+            assert!(
+                start.elapsed().as_secs() < 10,
+                "{} not cleared",
+                path.display()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn attaches_read_only_with_autoclear() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: loop devices need root");
+            return;
+        }
+        let image = backing_file();
+        let device = LoopDevice::attach_read_only(image.path()).unwrap();
+        assert_bound_then_cleared(device, image.path());
+    }
+
+    #[test]
+    fn legacy_ioctls_attach_read_only_with_autoclear() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: loop devices need root");
+            return;
+        }
+        let image = backing_file();
+        let backing = File::open(image.path()).unwrap();
+        let control = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/loop-control")
+            .unwrap();
+        let info = loop_info(image.path());
+        for _ in 0..MAX_ATTEMPTS {
+            // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns an index.
+            let index = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) };
+            assert!(index >= 0);
+            let path = PathBuf::from(format!("/dev/loop{index}"));
+            let device = open_device(&path).unwrap();
+            match configure_legacy(&device, &backing, &info) {
+                Err(err) if err.raw_os_error() == Some(libc::EBUSY) => continue,
+                other => other.unwrap(),
+            }
+            return assert_bound_then_cleared(LoopDevice { device, path }, image.path());
+        }
+        panic!("no free loop device");
+    }
+
+    #[test]
+    fn missing_image_is_named() {
+        let err = LoopDevice::attach_read_only(Path::new("/nonexistent/image.sqfs")).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("/nonexistent/image.sqfs"),
+            "{err:#}"
+        );
+    }
 }
