@@ -33,13 +33,13 @@ use nix::sched::{unshare, CloneFlags};
 use nix::sys::stat::{fstat, umask, Mode as FileMode, SFlag};
 
 use crate::container::channel::{Channel, FromHolder, ToHolder};
+use crate::container::creds;
 use crate::container::etcfiles::{group_content, passwd_content};
 use crate::container::fuse::{self, FuseMount};
 use crate::container::loopdev::LoopDevice;
 use crate::container::mounts::{self, StagingPaths};
 use crate::container::safepath::RootDir;
-use crate::container::spec::{ContainerSpec, Mode, MountSpec};
-use crate::container::{creds, spec::UserIdentity};
+use crate::container::spec::{ContainerSpec, Mode, UserIdentity};
 
 /// The first argument that makes the `berth` binary run [`holder_main`].
 pub const HOLDER_ARG: &str = "__holder";
@@ -99,70 +99,86 @@ fn serve(channel: &mut Channel) -> anyhow::Result<()> {
 }
 
 fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Result<()> {
-    // Stage 1: a private mount namespace with the image as overlay root.
-    unshare(CloneFlags::CLONE_NEWNS)
-        .context("stage 1: cannot create a private mount namespace (unshare CLONE_NEWNS)")?;
-    mounts::make_all_private().context("stage 1")?;
-    let staging = Path::new(STAGING_DIR);
-    std::fs::create_dir_all(staging)
-        .with_context(|| format!("stage 1: cannot create {}", staging.display()))?;
-    let paths = prepare_staging(staging).context("stage 1")?;
-    {
-        let device = LoopDevice::attach_read_only(&spec.squashfs).context("stage 1")?;
-        mounts::mount_squashfs(device.path(), &spec.squashfs, &paths.lower).context("stage 1")?;
-        // Dropping `device` closes it: the mount keeps it busy, autoclear
-        // frees it with the last unmount.
-    }
-    copy_root_attributes(&paths.lower, &paths.upper).context("stage 1")?;
-    mounts::mount_overlay(&paths.lower, &paths.upper, &paths.work, &paths.root)
-        .context("stage 1")?;
-
-    // Stages 2 and 3, as root: /etc files, mount points, host binds.
-    let system_binds = mounts::system_binds();
-    let root = open_root(&paths.root).context("stage 2")?;
-    prepare_rootfs(&root, spec, &system_binds).context("stage 2")?;
-    for bind in &system_binds {
-        mounts::bind_into(&root, bind).context("stage 3")?;
-    }
-    drop(root);
-
-    // Stage 4: become the user, then a user namespace the caller maps.
+    let root = mount_image_with_loop_device(spec).context("mounting the image")?;
+    prepare_root(&root, spec).context("preparing the root file system")?;
     let user = &spec.user;
     creds::become_user(user.uid, user.gid, &user.all_gids()).with_context(|| {
         format!(
-            "stage 4: cannot switch to user {} (uid {}, gid {}, groups {:?})",
-            user.name, user.uid, user.gid, user.groups
+            "switching to user {} (uid {}, gid {}, groups {:?})",
+            user.name,
+            user.uid,
+            user.gid,
+            user.all_gids()
         )
     })?;
-    enter_user_namespace(channel, spec).context("stage 4")?;
-
-    // Stage 5: the user's mounts, pivot_root, hand over.
-    finish(channel, spec, &paths.root, Vec::new())
+    enter_user_namespace(channel, spec).context("creating the user namespace")?;
+    finish(channel, spec, &root, Vec::new())
 }
 
 fn build_unprivileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Result<()> {
-    enter_user_namespace(channel, spec).context("stage 1")?;
-    mounts::make_all_private().context("stage 1")?;
-    let staging = unprivileged_staging_dir(spec.user.uid).context("stage 1")?;
-    let paths = prepare_staging(&staging).context("stage 1")?;
-    let image = fuse::mount_squashfuse(&spec.squashfs, &paths.lower).context("stage 1")?;
-    let overlay =
-        fuse::mount_fuse_overlayfs(&paths, spec.user.uid, spec.user.gid).context("stage 1")?;
-
-    let system_binds = mounts::system_binds();
-    let root = open_root(&paths.root).context("stage 2")?;
-    prepare_rootfs(&root, spec, &system_binds).context("stage 2")?;
-    for bind in &system_binds {
-        mounts::bind_into(&root, bind).context("stage 3")?;
-    }
-    drop(root);
+    enter_user_namespace(channel, spec).context("creating the user namespace")?;
+    let (root, daemons) = mount_image_with_fuse(spec).context("mounting the image")?;
+    prepare_root(&root, spec).context("preparing the root file system")?;
     // The daemons must keep the host's root: one whose root or working
     // directory is its own mount deadlocks on the first path lookup. So they
     // stay in this mount namespace, and pivot_root happens in a new one.
     unshare(CloneFlags::CLONE_NEWNS)
-        .context("stage 5: cannot create the container's mount namespace (unshare CLONE_NEWNS)")?;
-    // The overlay goes first when the caller stops them: it reads the image.
-    finish(channel, spec, &paths.root, vec![overlay, image])
+        .context("cannot create the container's mount namespace (unshare CLONE_NEWNS)")?;
+    finish(channel, spec, &root, daemons)
+}
+
+/// Stage 1, privileged: a private mount namespace; the image on a loop
+/// device, mounted as squashfs; a tmpfs-backed overlay on top. Returns the
+/// overlay's path.
+fn mount_image_with_loop_device(spec: &ContainerSpec) -> anyhow::Result<PathBuf> {
+    unshare(CloneFlags::CLONE_NEWNS)
+        .context("cannot create a private mount namespace (unshare CLONE_NEWNS)")?;
+    mounts::make_all_private()?;
+    let staging = Path::new(STAGING_DIR);
+    std::fs::create_dir_all(staging)
+        .with_context(|| format!("cannot create {}", staging.display()))?;
+    let paths = prepare_staging(staging)?;
+    {
+        let device = LoopDevice::attach_read_only(&spec.squashfs)?;
+        mounts::mount_squashfs(device.path(), &spec.squashfs, &paths.lower)?;
+        // Dropping `device` closes it: the mount keeps it busy, autoclear
+        // frees it with the last unmount.
+    }
+    copy_root_attributes(&paths.lower, &paths.upper)?;
+    mounts::mount_overlay(&paths.lower, &paths.upper, &paths.work, &paths.root)?;
+    Ok(paths.root)
+}
+
+/// Stage 1, unprivileged (inside our user namespace): squashfuse for the
+/// image, fuse-overlayfs on top. Returns the overlay's path and the daemons,
+/// the overlay first (it reads the image, so it is stopped first).
+fn mount_image_with_fuse(spec: &ContainerSpec) -> anyhow::Result<(PathBuf, Vec<FuseMount>)> {
+    mounts::make_all_private()?;
+    let staging = unprivileged_staging_dir(spec.user.uid)?;
+    let paths = prepare_staging(&staging)?;
+    let image = fuse::mount_squashfuse(&spec.squashfs, &paths.lower)?;
+    let overlay = fuse::mount_fuse_overlayfs(&paths, spec.user.uid, spec.user.gid)?;
+    Ok((paths.root, vec![overlay, image]))
+}
+
+/// Stages 2 and 3, still with the holder's first credentials: `/etc/passwd`,
+/// `/etc/group`, a mount point for every bind, and the host's directories.
+fn prepare_root(root_path: &Path, spec: &ContainerSpec) -> anyhow::Result<()> {
+    let root = open_root(root_path)?;
+    let system_binds = mounts::system_binds();
+    write_etc_file(&root, "/etc/passwd", &spec.user, passwd_content)?;
+    write_etc_file(&root, "/etc/group", &spec.user, group_content)?;
+    let binds = system_binds
+        .iter()
+        .chain(&spec.mounts)
+        .chain(&spec.extra_binds);
+    for bind in binds {
+        mounts::create_mount_point(&root, bind)?;
+    }
+    for bind in &system_binds {
+        mounts::bind_into(&root, bind)?;
+    }
+    Ok(())
 }
 
 /// Creates the user (and mount, and maybe UTS) namespace, has the caller write
@@ -187,8 +203,9 @@ fn enter_user_namespace(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::
     Ok(())
 }
 
-/// Stage 5: the user's binds, pivot_root, `Ready`; waits for `Release` while
-/// the FUSE daemons (if any) are still ours to stop on failure.
+/// Stage 5: the user's binds (with the user's own permissions), pivot_root,
+/// `Ready`; waits for `Release` while the FUSE daemons (if any) are still ours
+/// to stop on failure.
 fn finish(
     channel: &mut Channel,
     spec: &ContainerSpec,
@@ -197,12 +214,12 @@ fn finish(
 ) -> anyhow::Result<()> {
     // A descriptor opened before unshare names the old namespace's mounts:
     // open the root again in this one.
-    let root = open_root(root_path).context("stage 5")?;
+    let root = open_root(root_path).context("mounting your directories")?;
     for bind in spec.mounts.iter().chain(&spec.extra_binds) {
-        mounts::bind_into(&root, bind).context("stage 5")?;
+        mounts::bind_into(&root, bind).context("mounting your directories")?;
     }
     drop(root);
-    mounts::pivot_into(root_path).context("stage 5")?;
+    mounts::pivot_into(root_path).context("entering the root file system")?;
     let workdir = spec.effective_workdir();
     if !Path::new(workdir).is_dir() {
         bail!(
@@ -247,24 +264,6 @@ fn copy_root_attributes(lower: &Path, upper: &Path) -> anyhow::Result<()> {
 fn open_root(path: &Path) -> anyhow::Result<RootDir> {
     RootDir::open(path)
         .with_context(|| format!("cannot open the container root {}", path.display()))
-}
-
-/// Stage 2: `/etc/passwd`, `/etc/group`, and a mount point for every bind.
-fn prepare_rootfs(
-    root: &RootDir,
-    spec: &ContainerSpec,
-    system_binds: &[MountSpec],
-) -> anyhow::Result<()> {
-    write_etc_file(root, "/etc/passwd", &spec.user, passwd_content)?;
-    write_etc_file(root, "/etc/group", &spec.user, group_content)?;
-    let binds = system_binds
-        .iter()
-        .chain(&spec.mounts)
-        .chain(&spec.extra_binds);
-    for bind in binds {
-        mounts::create_mount_point(root, bind)?;
-    }
-    Ok(())
 }
 
 fn write_etc_file(
