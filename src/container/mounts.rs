@@ -1,14 +1,16 @@
 //! The mount operations the holder performs, one function per kind, each
 //! failing with a message that names the step and the paths.
 
+use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
-use crate::container::safepath::{fd_path, Kind, RootDir};
+use crate::container::safepath::{Kind, RootDir};
 use crate::container::spec::MountSpec;
 
 /// Host paths every container gets, bound at the same place inside, and
@@ -136,7 +138,13 @@ pub fn create_mount_point(root: &RootDir, bind: &MountSpec) -> anyhow::Result<()
 
 /// Bind-mounts (recursively) `bind.source` from the host onto `bind.target`
 /// inside `root`, read-only if asked. The source is resolved with the caller's
-/// own permissions; the target is resolved safely inside `root`.
+/// own permissions; the target is resolved safely inside `root`, after the
+/// binds made before (so nested targets land on the outer bind).
+///
+/// Uses the mount API of Linux 5.2: the source tree is cloned detached
+/// (open_tree), made read-only there if asked (so it is never writable in the
+/// container, not even for a moment), then attached onto the resolved target
+/// descriptor (move_mount), with no second lookup of the target path.
 pub fn bind_into(root: &RootDir, bind: &MountSpec) -> anyhow::Result<()> {
     let describe = || format!("{} -> {}", bind.source.display(), bind.target.display());
     let target = root.resolve(&bind.target).with_context(|| {
@@ -146,27 +154,55 @@ pub fn bind_into(root: &RootDir, bind: &MountSpec) -> anyhow::Result<()> {
             bind.target.display()
         )
     })?;
-    mount(
-        Some(&bind.source),
-        &fd_path(target.as_fd()),
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .with_context(|| {
+    let tree = clone_tree(&bind.source).with_context(|| {
         format!(
             "cannot bind-mount {}: check that the source exists and that you may read it",
             describe()
         )
     })?;
     if bind.read_only {
-        // The descriptor above names what is now covered; look the path up
-        // again to get the new mount.
-        let mounted = root
-            .resolve(&bind.target)
-            .with_context(|| format!("bind mount {}: cannot find it after mounting", describe()))?;
-        set_read_only(mounted.as_fd())
+        set_read_only(tree.as_fd())
             .with_context(|| format!("cannot make bind mount {} read-only", describe()))?;
+    }
+    attach_tree(tree.as_fd(), target.as_fd())
+        .with_context(|| format!("cannot attach bind mount {}", describe()))
+}
+
+/// open_tree(2) with OPEN_TREE_CLONE | AT_RECURSIVE: a detached copy of the
+/// mount tree at `source`.
+fn clone_tree(source: &Path) -> io::Result<OwnedFd> {
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    let source = CString::new(source.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
+    let flags =
+        OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_RECURSIVE as libc::c_uint;
+    // SAFETY: `source` is a valid NUL-terminated path that outlives the call.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, source.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// move_mount(2) of the detached tree `tree` onto the object `target` names.
+fn attach_tree(tree: BorrowedFd<'_>, target: BorrowedFd<'_>) -> io::Result<()> {
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x04;
+    const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+    let empty = b"\0".as_ptr().cast::<libc::c_char>();
+    // SAFETY: both descriptors are valid and both paths are the empty C string.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            empty,
+            target.as_raw_fd(),
+            empty,
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
     }
     Ok(())
 }

@@ -6,7 +6,7 @@
 //! `..` and absolute symlinks (`/etc -> /host/etc`, `passwd -> ../../../etc/shadow`)
 //! resolve inside the root, never outside it. Files and directories are created
 //! with `mkdirat`/`openat` on the resolved parent, and mounts go onto the
-//! resolved descriptor through [`fd_path`].
+//! resolved descriptor (`move_mount`, see [`crate::container::mounts`]).
 //!
 //! Two rules keep writes inside the root: a dangling symlink on a path we must
 //! create is replaced by the directory or file we need, and [`RootDir::write_file`]
@@ -180,12 +180,6 @@ impl RootDir {
         }
         self.resolve_parts(parts)
     }
-}
-
-/// The `/proc/self/fd/N` path of a descriptor, for syscalls that take a path
-/// (mount(2) on an `O_PATH` descriptor resolves to the very object it names).
-pub fn fd_path(fd: BorrowedFd<'_>) -> PathBuf {
-    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
 /// The normal components of `path`; `/` and `.` are dropped, `..` is refused.
