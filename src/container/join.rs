@@ -134,80 +134,59 @@ impl Container {
     /// and SIGTERM sent to the caller meanwhile are forwarded to the child.
     /// Not for concurrent use from several threads.
     pub fn run(&self, argv: &[String], env: &[(String, String)]) -> anyhow::Result<ExitStatus> {
-        let Some(program) = argv.first() else {
-            bail!("no command given to run in the container");
-        };
-        let args =
-            to_cstrings(argv.iter().map(String::as_bytes)).context("bad command argument")?;
-        let env_strings = to_cstrings(env.iter().map(|(k, v)| format!("{k}={v}").into_bytes()))
-            .context("bad environment variable")?;
-        let path = env
-            .iter()
-            .find(|(name, _)| name == "PATH")
-            .map_or(DEFAULT_PATH, |(_, value)| value.as_str());
-        let candidates = to_cstrings(
-            executable_candidates(program, path)
-                .iter()
-                .map(|p| p.as_bytes()),
-        )
-        .context("bad command name")?;
-        let workdir = CString::new(self.workdir.as_bytes()).context("bad working directory")?;
-        let switch_to_user = nix::unistd::geteuid().is_root() && self.user.uid != 0;
-        let groups = self.user.all_gids();
-        let arg_ptrs = null_terminated(&args);
-        let env_ptrs = null_terminated(&env_strings);
-        let (error_read, error_write) =
+        let command = PreparedCommand::new(self, argv, env)?;
+        let (report_read, report_write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create a pipe")?;
-
         let forwarding = SignalForwarding::install()?;
         // SAFETY: the child only makes raw syscalls on data prepared above
         // (no allocation, no locks) until it execs or exits.
         let fork = unsafe { nix::unistd::fork() }.context("cannot fork to run the command")?;
-        match fork {
+        let child = match fork {
             nix::unistd::ForkResult::Child => {
-                drop(error_read);
-                let failure = (|| -> Result<std::convert::Infallible, (Step, Errno)> {
-                    if switch_to_user {
-                        creds::become_user(self.user.uid, self.user.gid, &groups)
-                            .map_err(|err| (Step::SwitchUser, errno_of(&err)))?;
-                    }
-                    self.enter(&workdir)?;
-                    Err((Step::Exec, exec_first(&candidates, &arg_ptrs, &env_ptrs)))
-                })();
-                let (step, errno) = match failure {
-                    Err(failure) => failure,
-                    Ok(never) => match never {},
-                };
-                let mut report = [0u8; 5];
-                report[0] = step as u8;
-                report[1..].copy_from_slice(&(errno as i32).to_ne_bytes());
-                // SAFETY: write and _exit are async-signal-safe; the buffer is valid.
-                unsafe {
-                    libc::write(
-                        error_write.as_raw_fd(),
-                        report.as_ptr().cast(),
-                        report.len(),
-                    );
-                    libc::_exit(127);
-                }
+                drop(report_read);
+                self.exec_in_child(&command, report_write)
             }
-            nix::unistd::ForkResult::Parent { child } => {
-                forwarding.forward_to(child.as_raw());
-                drop(error_write);
-                let mut report = Vec::new();
-                let read = std::fs::File::from(error_read).read_to_end(&mut report);
-                let status = wait_for(child.as_raw());
-                drop(forwarding);
-                read.context("cannot read the command's start-up report")?;
-                let status = status?;
-                if report.len() == 5 {
-                    let step = Step::from_code(report[0]).unwrap_or(Step::Exec);
-                    let errno =
-                        Errno::from_raw(i32::from_ne_bytes(report[1..5].try_into().unwrap()));
-                    bail!(self.describe(step, errno, Some((program.as_str(), path))));
-                }
-                Ok(status)
+            nix::unistd::ForkResult::Parent { child } => child.as_raw(),
+        };
+        forwarding.forward_to(child);
+        drop(report_write);
+        // The pipe closes on exec (success) or carries the failed step and errno.
+        let mut report = Vec::new();
+        let read = std::fs::File::from(report_read).read_to_end(&mut report);
+        let status = wait_for(child);
+        drop(forwarding);
+        read.context("cannot read the command's start-up report")?;
+        let status = status?;
+        if let [code, errno @ ..] = report.as_slice() {
+            let step = Step::from_code(*code).unwrap_or(Step::Exec);
+            let errno = Errno::from_raw(i32::from_ne_bytes(errno.try_into().unwrap_or_default()));
+            bail!(self.describe(step, errno, Some((&argv[0], &command.path))));
+        }
+        Ok(status)
+    }
+
+    /// The forked child of [`Container::run`]: switch user, join, exec; on
+    /// failure write the step and errno to `report` and exit 127.
+    fn exec_in_child(&self, command: &PreparedCommand, report: OwnedFd) -> ! {
+        let failure = (|| -> Result<std::convert::Infallible, (Step, Errno)> {
+            if command.switch_to_user {
+                creds::become_user(self.user.uid, self.user.gid, &command.groups)
+                    .map_err(|err| (Step::SwitchUser, errno_of(&err)))?;
             }
+            self.enter(&command.workdir)?;
+            Err((Step::Exec, command.exec()))
+        })();
+        let (step, errno) = match failure {
+            Err(failure) => failure,
+            Ok(never) => match never {},
+        };
+        let mut message = [0u8; 5];
+        message[0] = step as u8;
+        message[1..].copy_from_slice(&(errno as i32).to_ne_bytes());
+        // SAFETY: write and _exit are async-signal-safe; the buffer is valid.
+        unsafe {
+            libc::write(report.as_raw_fd(), message.as_ptr().cast(), message.len());
+            libc::_exit(127);
         }
     }
 
@@ -290,25 +269,73 @@ fn executable_candidates(program: &str, path: &str) -> Vec<String> {
         .collect()
 }
 
-/// execve each candidate in turn; returns the error to report when none ran
-/// (EACCES if some candidate existed but was not executable, like execvp).
-fn exec_first(
-    candidates: &[CString],
-    argv: &[*const libc::c_char],
-    envp: &[*const libc::c_char],
-) -> Errno {
-    let mut result = Errno::ENOENT;
-    for candidate in candidates {
-        // SAFETY: all three are NUL-terminated C strings / null-terminated
-        // pointer arrays that outlive the call.
-        unsafe { libc::execve(candidate.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
-        match Errno::last() {
-            Errno::ENOENT | Errno::ENOTDIR => {}
-            Errno::EACCES => result = Errno::EACCES,
-            other => return other,
-        }
+/// Everything the child of [`Container::run`] needs, built before fork so the
+/// child does not allocate.
+struct PreparedCommand {
+    /// Owns the strings `argv` points into.
+    _args: Vec<CString>,
+    /// Owns the strings `envp` points into.
+    _env: Vec<CString>,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+    candidates: Vec<CString>,
+    path: String,
+    workdir: CString,
+    switch_to_user: bool,
+    groups: Vec<libc::gid_t>,
+}
+
+impl PreparedCommand {
+    fn new(
+        container: &Container,
+        argv: &[String],
+        env: &[(String, String)],
+    ) -> anyhow::Result<PreparedCommand> {
+        let Some(program) = argv.first() else {
+            bail!("no command given to run in the container");
+        };
+        let path = env
+            .iter()
+            .find(|(name, _)| name == "PATH")
+            .map_or(DEFAULT_PATH, |(_, value)| value.as_str())
+            .to_string();
+        let args =
+            to_cstrings(argv.iter().map(String::as_bytes)).context("bad command argument")?;
+        let env = to_cstrings(env.iter().map(|(k, v)| format!("{k}={v}").into_bytes()))
+            .context("bad environment variable")?;
+        Ok(PreparedCommand {
+            // The pointers stay valid when the CStrings move: their bytes are
+            // on the heap.
+            argv: null_terminated(&args),
+            envp: null_terminated(&env),
+            _args: args,
+            _env: env,
+            candidates: to_cstrings(executable_candidates(program, &path))
+                .context("bad command name")?,
+            path,
+            workdir: CString::new(container.workdir.as_bytes()).context("bad working directory")?,
+            switch_to_user: nix::unistd::geteuid().is_root() && container.user.uid != 0,
+            groups: container.user.all_gids(),
+        })
     }
-    result
+
+    /// execve each candidate in turn; returns the error to report when none
+    /// ran (EACCES if some candidate existed but was not executable, like
+    /// execvp).
+    fn exec(&self) -> Errno {
+        let mut result = Errno::ENOENT;
+        for candidate in &self.candidates {
+            // SAFETY: a NUL-terminated path and two null-terminated arrays of
+            // pointers to NUL-terminated strings, all owned by `self`.
+            unsafe { libc::execve(candidate.as_ptr(), self.argv.as_ptr(), self.envp.as_ptr()) };
+            match Errno::last() {
+                Errno::ENOENT | Errno::ENOTDIR => {}
+                Errno::EACCES => result = Errno::EACCES,
+                other => return other,
+            }
+        }
+        result
+    }
 }
 
 fn to_cstrings<I, B>(items: I) -> anyhow::Result<Vec<CString>>
