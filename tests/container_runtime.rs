@@ -289,7 +289,8 @@ fn unprivileged_container_runs_as_its_caller() {
         .arg(&config)
         .arg("--mounts")
         .arg(format!("{}:/data:ro", data.display()))
-        .arg(&image)
+        .arg("image.sqfs") // relative: helpers must still find it
+        .current_dir(dir.path())
         .args([
             "--",
             "sh",

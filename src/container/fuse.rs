@@ -121,8 +121,9 @@ fn start(mut command: Command, program: &str, mountpoint: &Path) -> anyhow::Resu
         {
             mount.child = None;
             bail!(
-                "{program} exited ({status}) before mounting {}: is /dev/fuse present \
-                 and readable and writable by you (chmod 0666 /dev/fuse)?",
+                "{program} exited ({status}) before mounting {} (its own message, if any, \
+                 is above); if it could not open /dev/fuse, make it usable by users: \
+                 chmod 0666 /dev/fuse",
                 mountpoint.display()
             );
         }

@@ -86,8 +86,14 @@ fn drive(
     mode: Mode,
 ) -> anyhow::Result<Container> {
     channel.set_timeout(STEP_TIMEOUT)?;
+    let mut spec_for_holder = spec.clone();
+    if spec.squashfs.is_relative() {
+        // The holder's helpers (squashfuse) do not run in our directory.
+        let cwd = std::env::current_dir().context("cannot find the current directory")?;
+        spec_for_holder.squashfs = cwd.join(&spec.squashfs);
+    }
     channel.send(&ToHolder::Start {
-        spec: Box::new(spec.clone()),
+        spec: Box::new(spec_for_holder),
         mode,
     })?;
     let pid = child.id() as i32;
