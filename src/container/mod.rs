@@ -12,7 +12,7 @@
 //! is given), the host's mount table (everything happens in private mount
 //! namespaces), and any path outside the image root except bind sources.
 //!
-//! Modules, one job each: [`spec`] (what a container is, as data), [`env`]
+//! Modules, one job each: [`spec`] (what a container is, as data), [`env`](mod@env)
 //! (task environment), [`etcfiles`] (passwd and group), [`safepath`] (path
 //! operations a hostile image cannot escape), [`loopdev`] (loop devices),
 //! [`mounts`] (mount operations), `fuse` (daemons of unprivileged mode),
