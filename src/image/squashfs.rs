@@ -192,3 +192,41 @@ fn run_tar2sqfs<T>(
         Err(e) => Err(e),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Measures a conversion of real layers:
+    /// `BERTH_BENCH_LAYERS=a.tar.gz:b.tar.gz cargo test --release --lib bench_convert -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn bench_convert() {
+        let Ok(list) = std::env::var("BERTH_BENCH_LAYERS") else {
+            eprintln!("set BERTH_BENCH_LAYERS to a ':'-separated list of layer blobs");
+            return;
+        };
+        let layers: Vec<Layer> = list
+            .split(':')
+            .map(|p| Layer::from_file(PathBuf::from(p), p.to_string()))
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let dest = std::env::var_os("BERTH_BENCH_OUT")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| dir.path().join("image.sqfs"));
+        let stats = convert(&layers, &dest, &SquashfsOptions::default()).unwrap();
+        let mb = stats.bytes as f64 / 1e6;
+        eprintln!(
+            "{} paths, {:.1} MB of file data -> {:.1} MB squashfs; pass 1 {:.2?}, total {:.2?} ({:.0} MB/s)",
+            stats.paths,
+            mb,
+            stats.image_size as f64 / 1e6,
+            stats.plan_time,
+            stats.total_time,
+            mb / stats.total_time.as_secs_f64()
+        );
+        for w in &stats.warnings {
+            eprintln!("warning: {w}");
+        }
+    }
+}

@@ -10,6 +10,8 @@ pub mod client;
 pub mod credentials;
 pub mod digest;
 pub mod error;
+#[cfg(test)]
+pub(crate) mod fake;
 pub mod manifest;
 pub mod platform;
 
@@ -19,3 +21,6 @@ pub use digest::Digest;
 pub use error::RegistryError;
 pub use manifest::{Descriptor, ImageIndex, ImageManifest, Manifest};
 pub use platform::Platform;
+
+#[cfg(test)]
+mod tests;
