@@ -350,8 +350,8 @@ impl Plan {
 /// time) and computes the final tree.
 pub fn plan(layers: &[Layer], jobs: usize) -> Result<Plan> {
     let jobs = jobs.max(1);
-    let mut scanned: Vec<Option<Result<(Vec<(u32, Item)>, Warnings)>>> =
-        (0..layers.len()).map(|_| None).collect();
+    type Scanned = Result<(Vec<(u32, Item)>, Warnings)>;
+    let mut scanned: Vec<Option<Scanned>> = (0..layers.len()).map(|_| None).collect();
     for (chunk_index, chunk) in layers.chunks(jobs).enumerate() {
         let results: Vec<_> = std::thread::scope(|s| {
             let handles: Vec<_> = chunk

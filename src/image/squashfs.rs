@@ -95,8 +95,9 @@ pub fn convert(layers: &[Layer], dest: &Path, options: &SquashfsOptions) -> Resu
             .with_context(|| format!("cannot rename {} to {}", tmp.display(), dest.display()))?;
         Ok(size)
     };
-    let image_size = publish().inspect_err(|_| {
+    let image_size = publish().map_err(|e| {
         let _ = fs::remove_file(&tmp);
+        e
     })?;
     Ok(ConvertStats {
         paths: plan.paths,

@@ -229,3 +229,30 @@ fn open_creates_the_layout_and_sweeps() {
     let default = Store::default_root();
     assert!(default.ends_with("berth"), "{}", default.display());
 }
+
+/// Pulls from a real registry:
+/// `BERTH_TEST_IMAGE=127.0.0.1:15900/test/deb:v1 BERTH_TEST_STORE=/tmp/store cargo test --lib real_registry_pull -- --ignored --nocapture`
+/// (the registry host is treated as insecure, i.e. plain HTTP).
+#[test]
+#[ignore]
+fn real_registry_pull() {
+    let Ok(image) = std::env::var("BERTH_TEST_IMAGE") else {
+        eprintln!("set BERTH_TEST_IMAGE to a registry image on a plain-HTTP registry");
+        return;
+    };
+    let store =
+        std::env::var("BERTH_TEST_STORE").unwrap_or_else(|_| "/tmp/berth-test-store".into());
+    let ImageSource::Registry(r) = ImageSource::parse(&image).unwrap() else {
+        panic!("not a registry image")
+    };
+    let options = PullOptions {
+        registry: RegistryOptions {
+            insecure_registries: vec![r.registry.clone()],
+            ..RegistryOptions::default()
+        },
+        progress: true,
+    };
+    let start = std::time::Instant::now();
+    let img = pull_image(Path::new(&store), &ImageSource::Registry(r), &options).unwrap();
+    eprintln!("{img:#?}\npulled in {:.2?}", start.elapsed());
+}
