@@ -256,3 +256,34 @@ fn real_registry_pull() {
     let img = pull_image(Path::new(&store), &ImageSource::Registry(r), &options).unwrap();
     eprintln!("{img:#?}\npulled in {:.2?}", start.elapsed());
 }
+
+#[test]
+fn concurrent_pulls_download_once() {
+    if skip_without_tar2sqfs("concurrent_pulls_download_once") {
+        return;
+    }
+    let reg = FakeRegistry::start(FakeAuth::None);
+    let digest = reg.push_image(
+        "ns/par",
+        "v1",
+        vec![gz_layer(&[("a", "a")]), gz_layer(&[("b", "b")])],
+        &[],
+    );
+    let root = tempfile::tempdir().unwrap();
+    let source = ImageSource::Registry(reference(&reg, "ns/par:v1"));
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..3)
+            .map(|_| s.spawn(|| pull_image(root.path(), &source, &options(&reg)).unwrap()))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(results
+        .iter()
+        .all(|r| r.manifest_digest.as_deref() == Some(digest.as_str())));
+    assert_eq!(
+        reg.count("GET /v2/ns/par/blobs/"),
+        3,
+        "config and two layers, once"
+    );
+    assert!(entries(&root.path().join("tmp")).is_empty());
+}
