@@ -26,9 +26,9 @@ fn main() {
     if let Ok(dir) = env::var("SLURM_INCLUDE_DIR") {
         builder = builder.clang_arg(format!("-I{dir}"));
     }
-    let bindings = builder
-        .generate()
-        .expect("bindgen failed on include/spank_wrapper.h: is libslurm-dev (slurm/spank.h) installed?");
+    let bindings = builder.generate().expect(
+        "bindgen failed on include/spank_wrapper.h: is libslurm-dev (slurm/spank.h) installed?",
+    );
     let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR is set by cargo"));
     bindings
         .write_to_file(out.join("spank_bindings.rs"))

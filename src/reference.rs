@@ -376,7 +376,10 @@ mod tests {
             "x//y",
         ] {
             let e = ImageSource::parse(bad).unwrap_err();
-            assert!(e.to_string().contains("invalid image reference"), "{bad}: {e}");
+            assert!(
+                e.to_string().contains("invalid image reference"),
+                "{bad}: {e}"
+            );
         }
         let e = ImageSource::parse("Ubuntu").unwrap_err();
         assert!(e.reason.contains("Ubuntu"));

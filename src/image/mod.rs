@@ -1,5 +1,19 @@
-//! Image content: image configuration, layers flattened into one squashfs file.
+//! Image content: the image configuration, and layers flattened into one
+//! squashfs file.
+//!
+//! Owns: reading layer tars (never onto the host file system), whiteouts and
+//! hard links, running tar2sqfs. Must not talk to registries or know the
+//! store's layout: callers hand in [`Layer`]s and a destination path.
 
 pub mod config;
+pub mod flatten;
+pub mod layer;
+pub mod squashfs;
 
 pub use config::ImageConfig;
+pub use layer::Layer;
+pub use squashfs::{convert, ConvertStats, SquashfsOptions};
+
+/// Version of the layers-to-squashfs conversion. Stored images made by another
+/// version are converted again: bump it whenever the output changes.
+pub const CONVERTER_VERSION: u32 = 1;

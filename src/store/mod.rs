@@ -1,1 +1,331 @@
-//! (placeholder: filled in by the store work)
+//! The node's content-addressed image store.
+//!
+//! Owns the store directory: layer blobs by digest, converted images by
+//! manifest digest, temp files, locks. Must not parse layers or talk HTTP
+//! itself: it drives [`crate::registry`] and [`crate::image`].
+//!
+//! Layout under the root ([`Store::default_root`]):
+//!
+//! ```text
+//! blobs/sha256/<hex>          verified layer blobs (as downloaded, compressed)
+//! images/<manifest-hex>/      one converted image, published by rename:
+//!     image.sqfs              the root file system
+//!     config.json             ImageConfig (env, entrypoint, ...)
+//!     manifest.json           the image manifest, exact registry bytes
+//!     meta.json               reference, platform, sizes, converter version
+//! tmp/                        partial downloads and conversions (locked by their writer)
+//! locks/<manifest-hex>.lock   flock per image while it is pulled
+//! ```
+//!
+//! An image made by another [`crate::image::CONVERTER_VERSION`] counts as
+//! missing and is converted again. A pull always asks the registry for the
+//! manifest first (cheap), so a user who cannot read an image in the registry
+//! cannot start it from the store either.
+
+mod fsutil;
+mod pull;
+
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::image::{ImageConfig, CONVERTER_VERSION};
+use crate::reference::{ImageRef, ImageSource};
+use crate::registry::{Digest, Platform, RegistryOptions};
+
+pub use fsutil::FileLock;
+
+/// The first bytes of every squashfs file.
+pub const SQUASHFS_MAGIC: &[u8; 4] = b"hsqs";
+
+/// A content-addressed image store rooted at a directory.
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+}
+
+/// An image ready to mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredImage {
+    /// The squashfs file holding the root file system.
+    pub squashfs: PathBuf,
+    /// Runtime settings from the image (default for plain squashfs files).
+    pub config: ImageConfig,
+    /// Digest of the platform's image manifest; `None` for a squashfs file
+    /// given by path.
+    pub manifest_digest: Option<String>,
+    /// The registry reference, pinned to the manifest digest; `None` for a
+    /// squashfs file given by path.
+    pub reference: Option<ImageRef>,
+}
+
+/// How to pull.
+#[derive(Debug, Clone, Default)]
+pub struct PullOptions {
+    /// Registry access (insecure registries, timeouts, credentials).
+    pub registry: RegistryOptions,
+    /// Print progress to stderr.
+    pub progress: bool,
+}
+
+/// `meta.json` of a stored image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageMeta {
+    /// Registry host of the reference pulled.
+    pub registry: String,
+    /// Repository of the reference pulled.
+    pub repository: String,
+    /// Tag pulled, if any.
+    #[serde(default)]
+    pub tag: Option<String>,
+    /// Digest of the image manifest.
+    pub manifest_digest: String,
+    /// Digest of the index the manifest was chosen from, if any.
+    #[serde(default)]
+    pub index_digest: Option<String>,
+    /// Platform chosen from the index, if any.
+    #[serde(default)]
+    pub platform: Option<Platform>,
+    /// Layer digests, lowest first.
+    #[serde(default)]
+    pub layers: Vec<String>,
+    /// Sum of the (compressed) layer sizes.
+    #[serde(default)]
+    pub compressed_size: u64,
+    /// Size of image.sqfs.
+    #[serde(default)]
+    pub squashfs_size: u64,
+    /// The converter version that made image.sqfs.
+    pub converter_version: u32,
+    /// When it was converted (seconds since the epoch).
+    #[serde(default)]
+    pub created: u64,
+}
+
+impl ImageMeta {
+    /// The reference this image was pulled as, pinned to its manifest digest.
+    pub fn reference(&self) -> ImageRef {
+        ImageRef {
+            user: None,
+            registry: self.registry.clone(),
+            repository: self.repository.clone(),
+            tag: self.tag.clone(),
+            digest: Some(self.manifest_digest.clone()),
+        }
+    }
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+impl Store {
+    /// The default store: `/var/lib/berth` for root; otherwise
+    /// `$XDG_CACHE_HOME/berth`, or `~/.cache/berth`.
+    pub fn default_root() -> PathBuf {
+        if is_root() {
+            return PathBuf::from("/var/lib/berth");
+        }
+        match std::env::var_os("XDG_CACHE_HOME").filter(|v| Path::new(v).is_absolute()) {
+            Some(cache) => PathBuf::from(cache).join("berth"),
+            None => {
+                let home = std::env::var_os("HOME")
+                    .map(PathBuf::from)
+                    .or_else(|| {
+                        nix::unistd::User::from_uid(nix::unistd::geteuid())
+                            .ok()
+                            .flatten()
+                            .map(|u| u.dir)
+                    })
+                    .unwrap_or_else(|| PathBuf::from("/tmp"));
+                home.join(".cache/berth")
+            }
+        }
+    }
+
+    /// Opens (creating if needed) the store at `root`, and removes temp files
+    /// left by writers that are gone. The root is mode 0755 when made by root
+    /// (a node store), 0700 otherwise (a user's private cache).
+    pub fn open(root: impl AsRef<Path>) -> Result<Store> {
+        let root = root.as_ref().to_path_buf();
+        let root_mode = if is_root() { 0o755 } else { 0o700 };
+        let fix = |e: std::io::Error, p: &Path| {
+            anyhow::Error::new(e).context(format!(
+                "cannot create the image store directory {}: check that its parent exists \
+                 and is writable, or choose another store location",
+                p.display()
+            ))
+        };
+        if !root.is_dir() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(root_mode)
+                .create(&root)
+                .map_err(|e| fix(e, &root))?;
+            fs::set_permissions(&root, fs::Permissions::from_mode(root_mode))
+                .with_context(|| format!("cannot set the mode of {}", root.display()))?;
+        }
+        let store = Store { root };
+        for (dir, mode) in [
+            (store.root.join("blobs"), 0o755),
+            (store.blobs_dir(), 0o755),
+            (store.images_dir(), 0o755),
+            (store.tmp_dir(), 0o700),
+            (store.locks_dir(), 0o755),
+        ] {
+            if !dir.is_dir() {
+                fs::DirBuilder::new()
+                    .mode(mode)
+                    .create(&dir)
+                    .or_else(|e| if dir.is_dir() { Ok(()) } else { Err(e) })
+                    .map_err(|e| fix(e, &dir))?;
+            }
+        }
+        fsutil::sweep_temp(&store.tmp_dir())?;
+        Ok(store)
+    }
+
+    /// The store's root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn blobs_dir(&self) -> PathBuf {
+        self.root.join("blobs/sha256")
+    }
+
+    fn images_dir(&self) -> PathBuf {
+        self.root.join("images")
+    }
+
+    fn tmp_dir(&self) -> PathBuf {
+        self.root.join("tmp")
+    }
+
+    fn locks_dir(&self) -> PathBuf {
+        self.root.join("locks")
+    }
+
+    /// Where the blob `digest` lives once downloaded and verified.
+    pub fn blob_path(&self, digest: &Digest) -> PathBuf {
+        self.blobs_dir().join(digest.hex())
+    }
+
+    /// The directory of the image whose manifest digest is `digest`.
+    pub fn image_dir(&self, digest: &Digest) -> PathBuf {
+        self.images_dir().join(digest.hex())
+    }
+
+    /// Pulls `image` for this machine's platform: asks the registry for the
+    /// manifest, returns the stored image if it is there, else downloads and
+    /// converts it. A failed pull leaves no partial or unverified file behind.
+    pub fn pull(&self, image: &ImageRef, options: &PullOptions) -> Result<StoredImage> {
+        pull::pull(self, image, options)
+    }
+
+    /// The stored image with manifest digest `digest`, if it is in the store
+    /// (made by the current converter version).
+    pub fn lookup_digest(&self, digest: &str) -> Result<Option<StoredImage>> {
+        let digest = Digest::parse(digest).map_err(anyhow::Error::msg)?;
+        self.load(&digest)
+    }
+
+    /// Reads a stored image's metadata and config; `None` when absent or made
+    /// by another converter version.
+    fn load(&self, digest: &Digest) -> Result<Option<StoredImage>> {
+        let dir = self.image_dir(digest);
+        let meta_path = dir.join("meta.json");
+        let meta: ImageMeta = match fs::read(&meta_path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).with_context(|| {
+                format!(
+                    "stored image metadata {} is corrupt: remove {} and pull again",
+                    meta_path.display(),
+                    dir.display()
+                )
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot read {}", meta_path.display()))
+            }
+        };
+        if meta.converter_version != CONVERTER_VERSION {
+            return Ok(None);
+        }
+        let config_path = dir.join("config.json");
+        let config: ImageConfig = fs::read(&config_path)
+            .map_err(anyhow::Error::from)
+            .and_then(|b| Ok(serde_json::from_slice(&b)?))
+            .with_context(|| {
+                format!(
+                    "stored image config {} is unreadable: remove {} and pull again",
+                    config_path.display(),
+                    dir.display()
+                )
+            })?;
+        let squashfs = dir.join("image.sqfs");
+        if !squashfs.is_file() {
+            bail!(
+                "stored image {} has no image.sqfs: remove {} and pull again",
+                digest,
+                dir.display()
+            );
+        }
+        Ok(Some(StoredImage {
+            squashfs,
+            config,
+            manifest_digest: Some(meta.manifest_digest.clone()),
+            reference: Some(meta.reference()),
+        }))
+    }
+
+    /// A squashfs file given by path, as an image with a default config, after
+    /// checking that it is a squashfs file.
+    pub fn open_squashfs_file(path: &Path) -> Result<StoredImage> {
+        let mut magic = [0u8; 4];
+        let mut file = fs::File::open(path).with_context(|| {
+            format!(
+                "cannot open squashfs image {}: check the path",
+                path.display()
+            )
+        })?;
+        let n = file
+            .read(&mut magic)
+            .with_context(|| format!("cannot read squashfs image {}", path.display()))?;
+        if n < 4 || &magic != SQUASHFS_MAGIC {
+            bail!(
+                "{} is not a squashfs image (it does not start with the squashfs magic 'hsqs'); \
+                 give a squashfs file (e.g. made by `berth export` or `enroot import`) or an \
+                 image reference",
+                path.display()
+            );
+        }
+        let squashfs =
+            fs::canonicalize(path).with_context(|| format!("cannot resolve {}", path.display()))?;
+        Ok(StoredImage {
+            squashfs,
+            config: ImageConfig::default(),
+            manifest_digest: None,
+            reference: None,
+        })
+    }
+}
+
+/// What the CLI and the plugin call: a registry image is pulled into the store
+/// at `store_root`; a squashfs file is checked and used in place.
+pub fn pull_image(
+    store_root: &Path,
+    source: &ImageSource,
+    options: &PullOptions,
+) -> Result<StoredImage> {
+    match source {
+        ImageSource::Registry(image) => Store::open(store_root)?.pull(image, options),
+        ImageSource::SquashfsFile(path) => Store::open_squashfs_file(path),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,449 @@
+//! Flattening tests on small layer tars built in memory.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::process::Command;
+
+use tar::{Archive, Builder, EntryType, Header};
+
+use super::*;
+use crate::image::squashfs::{convert, tar2sqfs_available, SquashfsOptions};
+
+/// One entry of a test layer.
+enum E<'a> {
+    File(&'a str, &'a str),
+    Dir(&'a str),
+    Sym(&'a str, &'a str),
+    Hard(&'a str, &'a str),
+    /// A file with a path written raw (no validation by the tar crate).
+    RawFile(&'a [u8], &'a str),
+    /// A file with mode and PAX records.
+    Special(&'a str, u32, &'a [(&'a str, &'a [u8])]),
+}
+
+fn header(t: EntryType, mode: u32) -> Header {
+    let mut h = Header::new_gnu();
+    h.set_entry_type(t);
+    h.set_mode(mode);
+    h.set_uid(1000);
+    h.set_gid(1000);
+    h.set_mtime(1_700_000_000);
+    h.set_size(0);
+    h
+}
+
+fn tar_of(entries: &[E]) -> Vec<u8> {
+    let mut b = Builder::new(Vec::new());
+    for e in entries {
+        match e {
+            E::File(p, data) => {
+                let mut h = header(EntryType::Regular, 0o644);
+                h.set_size(data.len() as u64);
+                b.append_data(&mut h, p, data.as_bytes()).unwrap();
+            }
+            E::Dir(p) => {
+                let mut h = header(EntryType::Directory, 0o755);
+                b.append_data(&mut h, p, io::empty()).unwrap();
+            }
+            E::Sym(p, t) => {
+                let mut h = header(EntryType::Symlink, 0o777);
+                b.append_link(&mut h, p, t).unwrap();
+            }
+            E::Hard(p, t) => {
+                let mut h = header(EntryType::Link, 0o644);
+                b.append_link(&mut h, p, t).unwrap();
+            }
+            E::RawFile(p, data) => {
+                let mut h = header(EntryType::Regular, 0o644);
+                h.set_size(data.len() as u64);
+                let name = &mut h.as_gnu_mut().unwrap().name;
+                name.fill(0);
+                name[..p.len()].copy_from_slice(p);
+                h.set_cksum();
+                b.append(&h, data.as_bytes()).unwrap();
+            }
+            E::Special(p, mode, pax) => {
+                b.append_pax_extensions(pax.iter().copied()).unwrap();
+                let mut h = header(EntryType::Regular, *mode);
+                h.set_size(1);
+                b.append_data(&mut h, p, &b"x"[..]).unwrap();
+            }
+        }
+    }
+    b.into_inner().unwrap()
+}
+
+fn gz(data: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(data).unwrap();
+    enc.finish().unwrap()
+}
+
+fn layers(specs: &[&[E]]) -> Vec<Layer> {
+    specs
+        .iter()
+        .enumerate()
+        .map(|(i, entries)| {
+            // Alternate gzip and plain tar: both must be accepted.
+            let tar = tar_of(entries);
+            let bytes = if i % 2 == 0 { gz(&tar) } else { tar };
+            Layer::from_bytes(bytes, format!("layer{i}"))
+        })
+        .collect()
+}
+
+/// What the output tar holds at a path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Out {
+    File(String),
+    Dir,
+    Sym(String),
+    Hard(String),
+}
+
+fn flatten(specs: &[&[E]]) -> (BTreeMap<String, Out>, Plan, Vec<u8>) {
+    let layers = layers(specs);
+    let plan = plan(&layers, 2).unwrap();
+    let mut tar = Vec::new();
+    write_tar(&plan, &layers, &mut tar).unwrap();
+    let mut out = BTreeMap::new();
+    let mut archive = Archive::new(&tar[..]);
+    for entry in archive.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let path = String::from_utf8(entry.path_bytes().into_owned()).unwrap();
+        let link = || String::from_utf8(entry.link_name_bytes().unwrap().into_owned()).unwrap();
+        let value = match entry.header().entry_type() {
+            EntryType::Directory => Out::Dir,
+            EntryType::Symlink => Out::Sym(link()),
+            EntryType::Link => Out::Hard(link()),
+            _ => {
+                let mut s = String::new();
+                entry.read_to_string(&mut s).unwrap();
+                Out::File(s)
+            }
+        };
+        assert!(
+            out.insert(path.clone(), value).is_none(),
+            "duplicate {path}"
+        );
+    }
+    (out, plan, tar)
+}
+
+fn file(s: &str) -> Out {
+    Out::File(s.to_string())
+}
+
+fn keys(out: &BTreeMap<String, Out>) -> Vec<&str> {
+    out.keys().map(String::as_str).collect()
+}
+
+#[test]
+fn normalizes_paths() {
+    assert_eq!(normalize(b"./a/b/").unwrap(), b"a/b");
+    assert_eq!(normalize(b"/a//./b").unwrap(), b"a/b");
+    assert_eq!(normalize(b"./").unwrap(), b"");
+    assert!(normalize(b"a/../b").is_err());
+    assert!(normalize(b"..").is_err());
+    assert!(normalize(b"a\0b").is_err());
+}
+
+#[test]
+fn later_layers_win() {
+    let (out, _, _) = flatten(&[
+        &[E::Dir("etc"), E::File("etc/a", "1"), E::File("etc/b", "1")],
+        &[E::File("etc/a", "2")],
+    ]);
+    assert_eq!(out["etc/a"], file("2"));
+    assert_eq!(out["etc/b"], file("1"));
+    assert_eq!(out["etc"], Out::Dir);
+}
+
+#[test]
+fn whiteout_file() {
+    let (out, _, _) = flatten(&[
+        &[E::Dir("a"), E::File("a/x", "x"), E::File("a/y", "y")],
+        &[E::Dir("a"), E::File("a/.wh.x", "")],
+    ]);
+    assert_eq!(keys(&out), ["a", "a/y"]);
+}
+
+#[test]
+fn whiteout_folder() {
+    let (out, _, _) = flatten(&[
+        &[
+            E::Dir("d"),
+            E::Dir("d/sub"),
+            E::File("d/sub/f", "f"),
+            E::File("keep", "k"),
+        ],
+        &[E::File(".wh.d", "")],
+    ]);
+    assert_eq!(keys(&out), ["keep"]);
+}
+
+#[test]
+fn whiteout_applies_to_lower_layers_only() {
+    // The whiteout comes after the same layer's new file in the tar: the new file stays.
+    let (out, _, _) = flatten(&[
+        &[E::File("f", "old")],
+        &[E::File("f", "new"), E::File(".wh.f", "")],
+    ]);
+    assert_eq!(out["f"], file("new"));
+}
+
+#[test]
+fn opaque_directory() {
+    let (out, _, _) = flatten(&[
+        &[
+            E::Dir("d"),
+            E::File("d/a", "a"),
+            E::Dir("d/s"),
+            E::File("d/s/b", "b"),
+        ],
+        &[
+            E::Dir("d"),
+            E::File("d/c", "c"),
+            E::File("d/.wh..wh..opq", ""),
+        ],
+    ]);
+    assert_eq!(keys(&out), ["d", "d/c"]);
+}
+
+#[test]
+fn file_replaced_by_dir_and_dir_by_file() {
+    let (out, _, _) = flatten(&[
+        &[E::File("p", "file"), E::Dir("q"), E::File("q/inner", "i")],
+        &[
+            E::Dir("p"),
+            E::File("p/child", "c"),
+            E::File("q", "now a file"),
+        ],
+    ]);
+    assert_eq!(out["p"], Out::Dir);
+    assert_eq!(out["p/child"], file("c"));
+    assert_eq!(out["q"], file("now a file"));
+    assert!(!out.contains_key("q/inner"));
+}
+
+#[test]
+fn implicit_parent_replaces_lower_file() {
+    let (out, plan, _) = flatten(&[&[E::File("p", "file")], &[E::File("p/q", "q")]]);
+    assert_eq!(out["p"], Out::Dir);
+    assert_eq!(out["p/q"], file("q"));
+    assert!(plan.warnings.is_empty(), "{:?}", plan.warnings);
+}
+
+#[test]
+fn unsafe_paths_are_rejected() {
+    let (out, plan, _) = flatten(&[&[
+        E::RawFile(b"../evil", "e"),
+        E::RawFile(b"a/../../evil2", "e"),
+        E::RawFile(b"/abs/file", "abs"),
+        E::File("ok", "ok"),
+        E::Hard("h", "../etc/shadow"),
+    ]]);
+    // Absolute paths are confined to the image; `..` never gets through.
+    assert_eq!(keys(&out), ["abs", "abs/file", "ok"]);
+    assert_eq!(out["abs/file"], file("abs"));
+    let w = plan.warnings.join("\n");
+    assert!(
+        w.contains("../evil") && w.contains("evil2") && w.contains("shadow"),
+        "{w}"
+    );
+}
+
+#[test]
+fn directory_headers_in_any_order() {
+    let (out, _, _) = flatten(&[
+        &[E::File("a/b/c", "c"), E::Dir("a/b"), E::Dir("a")],
+        &[E::File("x/y", "y")],
+    ]);
+    assert_eq!(keys(&out), ["a", "a/b", "a/b/c", "x", "x/y"]);
+    assert_eq!(out["x"], Out::Dir);
+}
+
+#[test]
+fn whiteout_files_never_appear() {
+    let (out, _, _) = flatten(&[&[
+        E::File(".wh.nothing", ""),
+        E::Dir("d"),
+        E::File("d/.wh..wh..opq", ""),
+        E::File("d/.wh..wh.plnk", ""),
+    ]]);
+    assert_eq!(keys(&out), ["d"]);
+}
+
+#[test]
+fn symlinks_are_not_followed() {
+    // A symlink pointing outside and a later entry "through" it: the entry
+    // replaces the symlink by a directory inside the image.
+    let (out, _, _) = flatten(&[
+        &[
+            E::Sym("lib", "/etc"),
+            E::Sym("abs", "../../../../etc/passwd"),
+        ],
+        &[E::File("lib/x", "x")],
+    ]);
+    assert_eq!(out["lib"], Out::Dir);
+    assert_eq!(out["lib/x"], file("x"));
+    assert_eq!(out["abs"], Out::Sym("../../../../etc/passwd".into()));
+}
+
+#[test]
+fn hardlinks() {
+    let (out, plan, _) = flatten(&[
+        &[
+            E::File("f", "orig"),
+            E::Hard("l1", "f"),
+            E::Hard("l2", "./f"),
+            E::Hard("chain", "l1"),
+            E::File("g", "g"),
+            E::Hard("lg", "g"),
+            E::Dir("dir"),
+            E::Hard("ldir", "dir"),
+            E::Hard("missing", "nope"),
+        ],
+        // f is replaced and g deleted: their links keep the old content.
+        &[E::File("f", "new"), E::File(".wh.g", "")],
+    ]);
+    assert_eq!(out["f"], file("new"));
+    assert_eq!(out["l1"], file("orig"));
+    assert_eq!(out["l2"], Out::Hard("l1".into()));
+    assert_eq!(out["chain"], Out::Hard("l1".into()));
+    assert_eq!(out["lg"], file("g"));
+    assert!(!out.contains_key("g") && !out.contains_key("ldir") && !out.contains_key("missing"));
+    let w = plan.warnings.join("\n");
+    assert!(w.contains("/ldir") && w.contains("/missing"), "{w}");
+
+    let (out, _, _) = flatten(&[&[E::File("f", "x"), E::Hard("l", "f")]]);
+    assert_eq!(out["l"], Out::Hard("f".into()));
+}
+
+#[test]
+fn metadata_is_preserved() {
+    let long = format!("{}/file", "d".repeat(150));
+    let (_, _, tar) = flatten(&[&[
+        E::Special(
+            "suid",
+            0o4755,
+            &[("SCHILY.xattr.security.capability", b"\x01\x02")],
+        ),
+        E::Special("sticky", 0o1777, &[]),
+        E::File(&long, "long"),
+    ]]);
+    let mut archive = Archive::new(&tar[..]);
+    let mut seen = BTreeMap::new();
+    for entry in archive.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let path = String::from_utf8(entry.path_bytes().into_owned()).unwrap();
+        let h = entry.header().clone();
+        let xattr = entry
+            .pax_extensions()
+            .unwrap()
+            .map(|exts| {
+                exts.filter_map(Result::ok)
+                    .any(|e| e.key() == Ok("SCHILY.xattr.security.capability"))
+            })
+            .unwrap_or(false);
+        seen.insert(
+            path,
+            (
+                h.mode().unwrap(),
+                h.uid().unwrap(),
+                h.mtime().unwrap(),
+                xattr,
+            ),
+        );
+    }
+    assert_eq!(seen["suid"], (0o4755, 1000, 1_700_000_000, true));
+    assert_eq!(seen["sticky"].0, 0o1777);
+    assert!(seen.contains_key(&long));
+}
+
+#[test]
+fn corrupt_layer_is_an_error_naming_it() {
+    let mut tar = tar_of(&[E::File("a", "a")]);
+    tar[0] = b'\xff';
+    tar[148] = b'x'; // checksum field
+    let layers = vec![Layer::from_bytes(gz(&tar), "sha256:bad")];
+    let err = plan(&layers, 1).unwrap_err();
+    assert!(format!("{err:#}").contains("sha256:bad"), "{err:#}");
+}
+
+/// End to end: two layers through tar2sqfs, listed with `unsquashfs -lln`
+/// (`-lls` with numeric owners).
+#[test]
+fn converts_to_squashfs() {
+    if !tar2sqfs_available() || Command::new("unsquashfs").arg("-h").output().is_err() {
+        eprintln!("skipping converts_to_squashfs: tar2sqfs or unsquashfs is not installed (apt-get install squashfs-tools-ng squashfs-tools)");
+        return;
+    }
+    let layers = layers(&[
+        &[
+            E::Dir("etc"),
+            E::File("etc/keep", "k"),
+            E::File("etc/gone", "g"),
+            E::Special("usr/bin/sudo", 0o4755, &[]),
+            E::Sym("bin", "usr/bin"),
+            E::File("f", "orig"),
+            E::Hard("f2", "f"),
+        ],
+        &[
+            E::File("etc/.wh.gone", ""),
+            E::File("f", "new"),
+            E::File("usr/bin/tool", "t"),
+        ],
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let dest = dir.path().join("image.sqfs");
+    let stats = convert(&layers, &dest, &SquashfsOptions::default()).unwrap();
+    assert!(stats.image_size > 0 && stats.paths >= 8, "{stats:?}");
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["image.sqfs"], "no temp file left");
+    let listing = Command::new("unsquashfs")
+        .arg("-lln")
+        .arg(&dest)
+        .output()
+        .unwrap();
+    assert!(listing.status.success());
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    let line = |p: &str| {
+        listing
+            .lines()
+            .find(|l| {
+                l.ends_with(&format!("squashfs-root/{p}"))
+                    || l.contains(&format!("squashfs-root/{p} -> "))
+            })
+            .unwrap_or_else(|| panic!("{p} missing in:\n{listing}"))
+            .to_string()
+    };
+    assert!(
+        line("etc/keep").starts_with("-rw-r--r-- 1000/1000"),
+        "{listing}"
+    );
+    assert!(line("usr/bin/sudo").starts_with("-rwsr-xr-x"), "{listing}");
+    assert!(line("bin").starts_with('l'), "{listing}");
+    assert!(line("usr/bin/tool").starts_with('-'));
+    assert!(line("f2").starts_with('-'));
+    assert!(
+        !listing.contains("etc/gone") && !listing.contains(".wh."),
+        "{listing}"
+    );
+
+    // Content check through unsquashfs -cat.
+    let cat = |p: &str| {
+        let o = Command::new("unsquashfs")
+            .arg("-cat")
+            .arg(&dest)
+            .arg(p)
+            .output()
+            .unwrap();
+        String::from_utf8(o.stdout).unwrap()
+    };
+    assert_eq!(cat("f"), "new");
+    assert_eq!(cat("f2"), "orig");
+}

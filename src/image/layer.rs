@@ -1,0 +1,139 @@
+//! Layer blobs as tar streams: where they come from and how they are decompressed.
+//!
+//! Compression is detected from the first bytes, not from the media type
+//! (registries and tools get media types wrong): gzip, or plain tar. zstd is
+//! recognised and refused with a clear message for now.
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use flate2::read::MultiGzDecoder;
+
+/// How a layer blob is compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    /// gzip (`1f 8b`).
+    Gzip,
+    /// zstd (`28 b5 2f fd`): not supported yet.
+    Zstd,
+    /// Anything else is read as an uncompressed tar.
+    None,
+}
+
+/// Tells the compression from the first bytes of a blob.
+pub fn detect(head: &[u8]) -> Compression {
+    if head.starts_with(&[0x1f, 0x8b]) {
+        Compression::Gzip
+    } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        Compression::Zstd
+    } else {
+        Compression::None
+    }
+}
+
+/// Wraps `reader` (a layer blob) into a reader of the tar stream inside it.
+pub fn decompress<'a>(
+    reader: impl Read + Send + 'a,
+    name: &str,
+) -> Result<Box<dyn Read + Send + 'a>> {
+    let mut reader = BufReader::with_capacity(256 * 1024, reader);
+    let head = reader
+        .fill_buf()
+        .with_context(|| format!("cannot read layer {name}"))?;
+    match detect(head) {
+        Compression::Gzip => Ok(Box::new(MultiGzDecoder::new(reader))),
+        Compression::None => Ok(Box::new(reader)),
+        Compression::Zstd => bail!(
+            "layer {name} is zstd-compressed, which berth does not support yet; \
+             push the image with gzip-compressed layers (e.g. skopeo copy --dest-compress-format gzip)"
+        ),
+    }
+}
+
+type Opener = dyn Fn() -> io::Result<Box<dyn Read + Send>> + Send + Sync;
+
+/// One layer of an image: a name for messages (its digest) and a way to read
+/// its blob from the start, as often as needed (the conversion reads it twice).
+#[derive(Clone)]
+pub struct Layer {
+    name: String,
+    open: Arc<Opener>,
+}
+
+impl std::fmt::Debug for Layer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Layer").field("name", &self.name).finish()
+    }
+}
+
+impl Layer {
+    /// A layer stored in a file (compressed or not).
+    pub fn from_file(path: PathBuf, name: impl Into<String>) -> Layer {
+        Layer {
+            name: name.into(),
+            open: Arc::new(move || {
+                File::open(&path)
+                    .map(|f| Box::new(f) as Box<dyn Read + Send>)
+                    .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+            }),
+        }
+    }
+
+    /// A layer held in memory (compressed or not); handy for tests.
+    pub fn from_bytes(bytes: impl Into<Arc<[u8]>>, name: impl Into<String>) -> Layer {
+        let bytes: Arc<[u8]> = bytes.into();
+        Layer {
+            name: name.into(),
+            open: Arc::new(move || {
+                Ok(Box::new(io::Cursor::new(Arc::clone(&bytes))) as Box<dyn Read + Send>)
+            }),
+        }
+    }
+
+    /// The name used in messages.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Opens the layer's tar stream, decompressed.
+    pub fn open_tar(&self) -> Result<Box<dyn Read + Send>> {
+        let raw = (self.open)().with_context(|| format!("cannot open layer {}", self.name))?;
+        decompress(raw, &self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn detects_by_magic() {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(b"hello").unwrap();
+        let gz = gz.finish().unwrap();
+        assert_eq!(detect(&gz), Compression::Gzip);
+        let mut out = String::new();
+        Layer::from_bytes(gz, "l")
+            .open_tar()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        assert_eq!(out, "hello");
+        let mut out = String::new();
+        Layer::from_bytes(b"plain".to_vec(), "l")
+            .open_tar()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        assert_eq!(out, "plain");
+        let err = Layer::from_bytes(vec![0x28, 0xb5, 0x2f, 0xfd, 0], "sha256:z")
+            .open_tar()
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("zstd") && err.to_string().contains("sha256:z"));
+    }
+}

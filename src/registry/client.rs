@@ -1,0 +1,595 @@
+//! The HTTP side: requests with authentication and safe redirects, manifests,
+//! blobs.
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use url::Url;
+
+use super::auth::{basic_header, token_lifetime, AuthCache, Challenge, TokenResponse};
+use super::credentials::{Credentials, EnrootCredentials};
+use super::digest::{Digest, HashingWriter};
+use super::error::RegistryError;
+use super::manifest::{ImageManifest, Manifest, MANIFEST_ACCEPT};
+use super::platform::Platform;
+use crate::reference::ImageRef;
+
+/// Largest manifest or index berth reads (real ones are a few KiB).
+const MAX_MANIFEST_BYTES: u64 = 8 << 20;
+/// Largest image configuration blob berth reads into memory.
+const MAX_CONFIG_BYTES: u64 = 32 << 20;
+/// Redirects followed for one request.
+const MAX_REDIRECTS: usize = 5;
+/// Index nesting berth follows (index -> index -> manifest is already rare).
+const MAX_INDEX_DEPTH: usize = 4;
+
+/// Network timeouts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Time to establish a connection (DNS, TCP, TLS).
+    pub connect: Duration,
+    /// Time to wait for each read of a response (not for the whole body, so big
+    /// layers can take as long as they need while data keeps flowing).
+    pub read: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_secs(30),
+            read: Duration::from_secs(60),
+        }
+    }
+}
+
+/// How to talk to registries.
+#[derive(Debug, Clone)]
+pub struct RegistryOptions {
+    /// `host[:port]` of registries served over plain HTTP; all others use HTTPS.
+    pub insecure_registries: Vec<String>,
+    /// The `User-Agent` header.
+    pub user_agent: String,
+    /// Network timeouts.
+    pub timeouts: Timeouts,
+    /// Where logins come from (default: enroot's credentials file of the
+    /// current environment).
+    pub credentials: Arc<dyn Credentials>,
+}
+
+impl Default for RegistryOptions {
+    fn default() -> Self {
+        RegistryOptions {
+            insecure_registries: Vec::new(),
+            user_agent: format!("berth/{}", env!("CARGO_PKG_VERSION")),
+            timeouts: Timeouts::default(),
+            credentials: Arc::new(EnrootCredentials::from_env()),
+        }
+    }
+}
+
+/// A manifest or index as the registry returned it.
+#[derive(Debug, Clone)]
+pub struct FetchedManifest {
+    /// The sha256 of `bytes` (checked against the request and Docker-Content-Digest).
+    pub digest: Digest,
+    /// The exact bytes.
+    pub bytes: Vec<u8>,
+    /// The response's Content-Type, without parameters.
+    pub media_type: Option<String>,
+    /// The parsed document.
+    pub manifest: Manifest,
+}
+
+/// An image resolved to the one manifest this machine runs.
+#[derive(Debug, Clone)]
+pub struct ResolvedImage {
+    /// The reference pinned to `manifest_digest`.
+    pub image: ImageRef,
+    /// Digest of the platform's image manifest.
+    pub manifest_digest: Digest,
+    /// The image manifest's exact bytes.
+    pub manifest_bytes: Vec<u8>,
+    /// The image manifest.
+    pub manifest: ImageManifest,
+    /// Digest of the top-level index, when the reference named one.
+    pub index_digest: Option<Digest>,
+    /// The platform chosen from the index (`None` for a single-platform image).
+    pub platform: Option<Platform>,
+}
+
+/// A Docker Registry HTTP API v2 / OCI distribution client. Cheap to share
+/// between threads (`&RegistryClient` is `Send`); tokens are cached per repository.
+#[derive(Debug)]
+pub struct RegistryClient {
+    agent: ureq::Agent,
+    insecure: Vec<String>,
+    credentials: Arc<dyn Credentials>,
+    auth: AuthCache,
+}
+
+impl RegistryClient {
+    /// A client with `options`.
+    pub fn new(options: &RegistryOptions) -> RegistryClient {
+        let agent = ureq::AgentBuilder::new()
+            .timeout_connect(options.timeouts.connect)
+            .timeout_read(options.timeouts.read)
+            .timeout_write(options.timeouts.read)
+            .user_agent(&options.user_agent)
+            // Redirects are followed by hand so that credentials never go to another host.
+            .redirects(0)
+            .build();
+        RegistryClient {
+            agent,
+            insecure: options.insecure_registries.clone(),
+            credentials: Arc::clone(&options.credentials),
+            auth: AuthCache::default(),
+        }
+    }
+
+    /// `http://HOST` for insecure registries, else `https://HOST`.
+    fn base_url(&self, image: &ImageRef) -> String {
+        let host = image.api_host();
+        let plain = self
+            .insecure
+            .iter()
+            .any(|h| h == host || h == &image.registry);
+        format!("{}://{host}", if plain { "http" } else { "https" })
+    }
+
+    /// Fetches the manifest or index `reference` (a tag or a digest) of `image`.
+    ///
+    /// When `reference` is a digest the bytes are checked against it; the digest
+    /// of what came back is always computed and compared with the
+    /// Docker-Content-Digest header when the registry sends one.
+    pub fn fetch_manifest(&self, image: &ImageRef, reference: &str) -> Result<FetchedManifest> {
+        let url = format!(
+            "{}/v2/{}/manifests/{reference}",
+            self.base_url(image),
+            image.repository
+        );
+        let resp = self
+            .get(image, &url, Some(MANIFEST_ACCEPT))
+            .map_err(|e| match e {
+                RegistryError::Http { status: 404, .. } => RegistryError::ManifestUnknown {
+                    image: image.to_string(),
+                    registry: image.registry.clone(),
+                },
+                e => e,
+            })?;
+        let media_type = resp
+            .header("content-type")
+            .map(|c| c.split(';').next().unwrap_or("").trim().to_string());
+        let header_digest = resp.header("docker-content-digest").map(str::to_string);
+        let mut bytes = Vec::new();
+        resp.into_reader()
+            .take(MAX_MANIFEST_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| RegistryError::Unreachable {
+                host: image.api_host().to_string(),
+                detail: format!("connection lost while reading the manifest: {e}"),
+            })?;
+        if bytes.len() as u64 > MAX_MANIFEST_BYTES {
+            return Err(RegistryError::InvalidManifest {
+                image: image.to_string(),
+                detail: format!("the manifest is larger than {MAX_MANIFEST_BYTES} bytes"),
+            }
+            .into());
+        }
+        let digest = Digest::of_bytes(&bytes);
+        let mismatch = |expected: &str| RegistryError::DigestMismatch {
+            what: format!("manifest of {image}"),
+            expected: expected.to_string(),
+            actual: digest.to_string(),
+            registry: image.registry.clone(),
+        };
+        if reference.contains(':') && reference != digest.as_str() {
+            return Err(mismatch(reference).into());
+        }
+        if let Some(h) = header_digest.filter(|h| h.starts_with("sha256:")) {
+            if h != digest.as_str() {
+                return Err(mismatch(&h).into());
+            }
+        }
+        let manifest = Manifest::parse(&bytes, media_type.as_deref(), &image.to_string())?;
+        Ok(FetchedManifest {
+            digest,
+            bytes,
+            media_type,
+            manifest,
+        })
+    }
+
+    /// Resolves `image` (tag or digest) to the image manifest for `platform`,
+    /// following indexes, nested ones too.
+    pub fn resolve(&self, image: &ImageRef, platform: &Platform) -> Result<ResolvedImage> {
+        let top = self.fetch_manifest(image, image.manifest_reference())?;
+        let mut index_digest = None;
+        let mut chosen_platform = None;
+        let mut current = top;
+        for _ in 0..MAX_INDEX_DEPTH {
+            match current.manifest {
+                Manifest::Image(manifest) => {
+                    return Ok(ResolvedImage {
+                        image: image.with_digest(current.digest.as_str()),
+                        manifest_digest: current.digest,
+                        manifest_bytes: current.bytes,
+                        manifest,
+                        index_digest,
+                        platform: chosen_platform,
+                    })
+                }
+                Manifest::Index(index) => {
+                    index_digest.get_or_insert_with(|| current.digest.clone());
+                    let desc = index.select(platform, &image.to_string())?;
+                    let digest = Digest::parse(&desc.digest).map_err(|e| {
+                        RegistryError::InvalidManifest {
+                            image: image.to_string(),
+                            detail: e,
+                        }
+                    })?;
+                    chosen_platform = desc.platform.clone();
+                    current = self.fetch_manifest(image, digest.as_str())?;
+                }
+            }
+        }
+        Err(RegistryError::InvalidManifest {
+            image: image.to_string(),
+            detail: format!("image indexes nested more than {MAX_INDEX_DEPTH} deep"),
+        }
+        .into())
+    }
+
+    /// Streams blob `digest` of `image` into `out`, hashing on the way, and
+    /// checks digest and (when given) size at the end. Returns the byte count.
+    ///
+    /// `out` holds unverified bytes until this returns `Ok`: write to a temp file.
+    pub fn fetch_blob(
+        &self,
+        image: &ImageRef,
+        digest: &Digest,
+        size: Option<u64>,
+        out: &mut dyn Write,
+    ) -> Result<u64> {
+        let url = format!(
+            "{}/v2/{}/blobs/{digest}",
+            self.base_url(image),
+            image.repository
+        );
+        let resp = self.get(image, &url, None).map_err(|e| match e {
+            RegistryError::Http { status: 404, .. } => RegistryError::BlobUnknown {
+                digest: digest.to_string(),
+                image: image.to_string(),
+                registry: image.registry.clone(),
+            },
+            e => e,
+        })?;
+        let host = Url::parse(resp.get_url())
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_string))
+            .unwrap_or_else(|| image.api_host().to_string());
+        let mut reader = resp.into_reader();
+        let mut writer = HashingWriter::new(out);
+        let mut buf = vec![0u8; 256 * 1024];
+        loop {
+            let n = match reader.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    return Err(RegistryError::Unreachable {
+                        host,
+                        detail: format!("connection lost while downloading blob {digest}: {e}"),
+                    }
+                    .into())
+                }
+            };
+            if size.is_some_and(|s| writer.written() + n as u64 > s) {
+                return Err(RegistryError::DigestMismatch {
+                    what: "blob".to_string(),
+                    expected: digest.to_string(),
+                    actual: format!(
+                        "more than the {} bytes the manifest lists",
+                        size.unwrap_or(0)
+                    ),
+                    registry: image.registry.clone(),
+                }
+                .into());
+            }
+            writer
+                .write_all(&buf[..n])
+                .with_context(|| format!("cannot write blob {digest} of {image}"))?;
+        }
+        writer
+            .flush()
+            .with_context(|| format!("cannot write blob {digest} of {image}"))?;
+        let (actual, len, _) = writer.finish();
+        if actual != *digest || size.is_some_and(|s| s != len) {
+            return Err(RegistryError::DigestMismatch {
+                what: "blob".to_string(),
+                expected: digest.to_string(),
+                actual: format!("{actual}, {len} bytes"),
+                registry: image.registry.clone(),
+            }
+            .into());
+        }
+        Ok(len)
+    }
+
+    /// Fetches a small blob (the image configuration) into memory, verified.
+    pub fn fetch_blob_bytes(
+        &self,
+        image: &ImageRef,
+        digest: &Digest,
+        size: u64,
+    ) -> Result<Vec<u8>> {
+        if size > MAX_CONFIG_BYTES {
+            anyhow::bail!(
+                "blob {digest} of {image} is {size} bytes, more than the {MAX_CONFIG_BYTES} \
+                 berth reads into memory for an image configuration"
+            );
+        }
+        let mut bytes = Vec::with_capacity(size as usize);
+        self.fetch_blob(image, digest, Some(size), &mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// GET `url` for `image`: authenticates when challenged, follows redirects
+    /// (sending credentials only to the registry's own origin), maps errors.
+    fn get(
+        &self,
+        image: &ImageRef,
+        url: &str,
+        accept: Option<&str>,
+    ) -> Result<ureq::Response, RegistryError> {
+        let registry_origin = origin(url);
+        let cache_key = format!("{}/{}", image.api_host(), image.repository);
+        let mut auth = self.auth.get(&cache_key);
+        let mut authenticated_now = false;
+        let mut url = url.to_string();
+        let mut redirects = 0;
+        loop {
+            let same_origin = origin(&url) == registry_origin;
+            let mut req = self.agent.get(&url);
+            if let Some(accept) = accept {
+                req = req.set("Accept", accept);
+            }
+            if let (Some(auth), true) = (&auth, same_origin) {
+                req = req.set("Authorization", auth);
+            }
+            match req.call() {
+                Ok(resp) if (300..400).contains(&resp.status()) => {
+                    redirects += 1;
+                    let location = resp.header("location").unwrap_or_default().to_string();
+                    let next = Url::parse(&url)
+                        .and_then(|base| base.join(&location))
+                        .map_err(|_| RegistryError::Http {
+                            url: url.clone(),
+                            status: resp.status(),
+                            detail: format!("redirect to an invalid location '{location}'"),
+                        })?;
+                    if redirects > MAX_REDIRECTS {
+                        return Err(RegistryError::Http {
+                            url,
+                            status: resp.status(),
+                            detail: format!("more than {MAX_REDIRECTS} redirects"),
+                        });
+                    }
+                    url = next.to_string();
+                }
+                Ok(resp) => return Ok(resp),
+                Err(ureq::Error::Status(401, resp)) if same_origin && !authenticated_now => {
+                    self.auth.remove(&cache_key);
+                    let challenge = resp
+                        .header("www-authenticate")
+                        .unwrap_or_default()
+                        .to_string();
+                    let value = self.authenticate(image, &challenge)?;
+                    auth = Some(value);
+                    authenticated_now = true;
+                }
+                Err(ureq::Error::Status(status @ (401 | 403), _)) if same_origin => {
+                    self.auth.remove(&cache_key);
+                    return Err(RegistryError::Denied {
+                        image: image.to_string(),
+                        registry: image.registry.clone(),
+                        status,
+                        credentials: self.credentials.describe(),
+                    });
+                }
+                Err(ureq::Error::Status(status, resp)) => {
+                    return Err(RegistryError::Http {
+                        url: strip_query(&url),
+                        status,
+                        detail: error_detail(resp),
+                    })
+                }
+                Err(ureq::Error::Transport(t)) => {
+                    return Err(unreachable(&url, &t));
+                }
+            }
+        }
+    }
+
+    /// Answers a `WWW-Authenticate` challenge; returns the `Authorization` value,
+    /// which is also cached for the repository.
+    fn authenticate(&self, image: &ImageRef, challenge: &str) -> Result<String, RegistryError> {
+        let cache_key = format!("{}/{}", image.api_host(), image.repository);
+        let user = image.user.as_deref();
+        let denied = |status| RegistryError::Denied {
+            image: image.to_string(),
+            registry: image.registry.clone(),
+            status,
+            credentials: self.credentials.describe(),
+        };
+        match Challenge::parse(challenge) {
+            Some(Challenge::Basic) => {
+                let cred = self
+                    .lookup_credential(&[image.api_host(), &image.registry], user)
+                    .ok_or_else(|| denied(401))?;
+                let value = basic_header(&cred.login, &cred.password);
+                self.auth.put(&cache_key, value.clone(), None);
+                Ok(value)
+            }
+            Some(Challenge::Bearer {
+                realm,
+                service,
+                scope,
+            }) => {
+                let mut token_url = Url::parse(&realm).map_err(|e| RegistryError::Auth {
+                    registry: image.registry.clone(),
+                    detail: format!("its token service URL '{realm}' is invalid: {e}"),
+                })?;
+                {
+                    let mut q = token_url.query_pairs_mut();
+                    if let Some(service) = &service {
+                        q.append_pair("service", service);
+                    }
+                    let scope =
+                        scope.unwrap_or_else(|| format!("repository:{}:pull", image.repository));
+                    q.append_pair("scope", &scope);
+                }
+                let realm_host = host_port(&token_url);
+                let cred =
+                    self.lookup_credential(&[&realm_host, image.api_host(), &image.registry], user);
+                let mut req = self.agent.get(token_url.as_str());
+                if let Some(cred) = &cred {
+                    req = req.set("Authorization", &basic_header(&cred.login, &cred.password));
+                }
+                let resp = match req.call() {
+                    Ok(resp) if resp.status() == 200 => resp,
+                    Ok(resp) => {
+                        return Err(RegistryError::Auth {
+                            registry: image.registry.clone(),
+                            detail: format!(
+                                "its token service {} answered HTTP {}",
+                                strip_query(token_url.as_str()),
+                                resp.status()
+                            ),
+                        })
+                    }
+                    Err(ureq::Error::Status(status @ (401 | 403), _)) => {
+                        return Err(denied(status))
+                    }
+                    Err(ureq::Error::Status(status, resp)) => {
+                        return Err(RegistryError::Http {
+                            url: strip_query(token_url.as_str()),
+                            status,
+                            detail: error_detail(resp),
+                        })
+                    }
+                    Err(ureq::Error::Transport(t)) => {
+                        return Err(unreachable(token_url.as_str(), &t))
+                    }
+                };
+                let answer: TokenResponse =
+                    serde_json::from_reader(resp.into_reader().take(1 << 20)).map_err(|e| {
+                        RegistryError::Auth {
+                            registry: image.registry.clone(),
+                            detail: format!("its token service sent an unreadable answer: {e}"),
+                        }
+                    })?;
+                let lifetime = token_lifetime(answer.expires_in);
+                let token = answer.into_token().ok_or_else(|| RegistryError::Auth {
+                    registry: image.registry.clone(),
+                    detail: "its token service sent no token".to_string(),
+                })?;
+                let value = format!("Bearer {token}");
+                self.auth.put(&cache_key, value.clone(), Some(lifetime));
+                Ok(value)
+            }
+            None => Err(RegistryError::Auth {
+                registry: image.registry.clone(),
+                detail: format!(
+                    "it asks for an authentication scheme berth does not support ('{}')",
+                    challenge.split_whitespace().next().unwrap_or("")
+                ),
+            }),
+        }
+    }
+
+    fn lookup_credential(
+        &self,
+        hosts: &[&str],
+        user: Option<&str>,
+    ) -> Option<super::credentials::Credential> {
+        hosts.iter().find_map(|h| self.credentials.lookup(h, user))
+    }
+}
+
+/// `scheme://host:port` of a URL, for same-origin checks.
+fn origin(url: &str) -> Option<(String, String, Option<u16>)> {
+    let u = Url::parse(url).ok()?;
+    Some((
+        u.scheme().to_string(),
+        u.host_str()?.to_string(),
+        u.port_or_known_default(),
+    ))
+}
+
+/// `host[:port]` as written in credentials files.
+fn host_port(u: &Url) -> String {
+    match (u.host_str(), u.port()) {
+        (Some(h), Some(p)) => format!("{h}:{p}"),
+        (Some(h), None) => h.to_string(),
+        _ => String::new(),
+    }
+}
+
+/// The URL without its query (pre-signed CDN URLs carry secrets there).
+fn strip_query(url: &str) -> String {
+    url.split('?').next().unwrap_or(url).to_string()
+}
+
+fn unreachable(url: &str, t: &ureq::Transport) -> RegistryError {
+    let host = Url::parse(url)
+        .map(|u| host_port(&u))
+        .unwrap_or_else(|_| url.to_string());
+    let mut detail = match t.kind() {
+        ureq::ErrorKind::Dns => "the host name does not resolve".to_string(),
+        ureq::ErrorKind::ConnectionFailed => "connection failed".to_string(),
+        ureq::ErrorKind::Io => "network I/O error or timeout".to_string(),
+        _ => "request failed".to_string(),
+    };
+    if let Some(msg) = t.message() {
+        detail.push_str(": ");
+        detail.push_str(msg);
+    }
+    if let Some(source) = std::error::Error::source(t) {
+        detail.push_str(": ");
+        detail.push_str(&source.to_string());
+    }
+    RegistryError::Unreachable { host, detail }
+}
+
+/// The distribution API's error message from a response body, if any.
+fn error_detail(resp: ureq::Response) -> String {
+    let mut body = Vec::new();
+    let _ = resp.into_reader().take(4096).read_to_end(&mut body);
+    #[derive(serde::Deserialize)]
+    struct Errors {
+        errors: Vec<ErrorItem>,
+    }
+    #[derive(serde::Deserialize)]
+    struct ErrorItem {
+        #[serde(default)]
+        code: String,
+        #[serde(default)]
+        message: String,
+    }
+    if let Ok(errors) = serde_json::from_slice::<Errors>(&body) {
+        return errors
+            .errors
+            .iter()
+            .map(|e| format!("{} {}", e.code, e.message).trim().to_string())
+            .collect::<Vec<_>>()
+            .join("; ");
+    }
+    let text = String::from_utf8_lossy(&body);
+    text.chars()
+        .take(200)
+        .collect::<String>()
+        .trim()
+        .to_string()
+}
