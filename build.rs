@@ -10,16 +10,17 @@ use std::path::PathBuf;
 fn main() {
     println!("cargo:rerun-if-changed=include/spank_wrapper.h");
     println!("cargo:rerun-if-env-changed=SLURM_INCLUDE_DIR");
+    println!("cargo:rerun-if-env-changed=BERTH_HELPER_PATH");
     let mut builder = bindgen::Builder::default()
         .header("include/spank_wrapper.h")
         .allowlist_function("spank_.*")
         .allowlist_function("slurm_(info|error|verbose|debug|debug2|debug3|spank_log)")
         .allowlist_type("spank_.*")
         .allowlist_var("SLURM_VERSION_.*")
+        .allowlist_var("SLURM_(BATCH_SCRIPT|EXTERN_CONT|INTERACTIVE_STEP|PENDING_STEP)")
         .allowlist_var("SPANK_.*")
         .allowlist_var("ESPANK_.*")
         .rustified_enum("spank_context")
-        .newtype_enum("spank_err")
         .newtype_enum("spank_item")
         .layout_tests(false)
         .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()));

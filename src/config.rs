@@ -1,1 +1,312 @@
-//! Site configuration (placeholder).
+//! Site configuration: where the store lives, which registries are plain HTTP,
+//! where the `berth` helper binary is.
+//!
+//! Values come from, in increasing precedence: built-in defaults, the config
+//! file (`/etc/berth/berth.conf`, or the `config=` plugstack argument, or
+//! `BERTH_CONFIG` for the CLI), and the plugstack arguments of `spank_berth.so`.
+//! Both the file and the plugstack line use `key=value` with the same keys.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// Default config file.
+pub const DEFAULT_CONFIG_FILE: &str = "/etc/berth/berth.conf";
+/// Default node-local image store for root (the plugin, root CLI users).
+pub const DEFAULT_STORE: &str = "/var/lib/berth";
+/// Default runtime directory for per-container state.
+pub const DEFAULT_RUNTIME_DIR: &str = "/run/berth";
+
+/// The `berth` binary the plugin runs as its helper; the install step sets
+/// `BERTH_HELPER_PATH` at build time to the installed location.
+pub const DEFAULT_HELPER: &str = match option_env!("BERTH_HELPER_PATH") {
+    Some(path) => path,
+    None => "/usr/local/bin/berth",
+};
+
+/// Effective configuration of one plugin instance or CLI run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Image store root (node-local by default).
+    pub store_path: PathBuf,
+    /// Per-container runtime state (pyxis: `runtime_path`).
+    pub runtime_dir: PathBuf,
+    /// The `berth` binary the plugin runs for pulls and container setup.
+    pub helper_path: PathBuf,
+    /// Registries (`host[:port]`) reached over plain HTTP instead of HTTPS.
+    pub insecure_registries: Vec<String>,
+    /// Run the image ENTRYPOINT by default (pyxis: `execute_entrypoint`).
+    pub execute_entrypoint: bool,
+    /// Scope of named containers (pyxis: `container_scope`, `job` or `global`).
+    pub container_scope: String,
+    /// Whether `#SBATCH --container-*` applies to the batch script (pyxis: `sbatch_support`).
+    pub sbatch_support: bool,
+}
+
+/// A configuration line or value that could not be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Where the bad value came from (file path and line, or "plugstack.conf").
+    pub origin: String,
+    /// What is wrong and what to write instead.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.origin, self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Every key the config file and plugstack line accept, for error messages.
+pub const KEYS: &[&str] = &[
+    "config",
+    "store_path",
+    "runtime_path",
+    "helper_path",
+    "insecure_registries",
+    "execute_entrypoint",
+    "container_scope",
+    "sbatch_support",
+];
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            store_path: PathBuf::from(DEFAULT_STORE),
+            runtime_dir: PathBuf::from(DEFAULT_RUNTIME_DIR),
+            helper_path: PathBuf::from(DEFAULT_HELPER),
+            insecure_registries: Vec::new(),
+            execute_entrypoint: false,
+            container_scope: "job".to_string(),
+            sbatch_support: true,
+        }
+    }
+}
+
+impl Config {
+    /// The store folder for `node`: `%n` in `store_path` becomes the node name
+    /// (for sites, and tests, whose nodes share one file system).
+    pub fn store_path_for_node(&self, node: &str) -> PathBuf {
+        let text = self.store_path.to_string_lossy();
+        if text.contains("%n") && !node.is_empty() {
+            PathBuf::from(text.replace("%n", node))
+        } else {
+            self.store_path.clone()
+        }
+    }
+
+    /// Builds the plugin's configuration from its plugstack arguments: defaults,
+    /// then the config file (if present, or the one `config=` names, which must
+    /// exist), then the arguments themselves.
+    pub fn from_plugstack_args(args: &[String]) -> Result<Config, ConfigError> {
+        let origin = "plugstack.conf arguments of spank_berth.so";
+        let pairs = args
+            .iter()
+            .map(|arg| split_pair(arg, origin))
+            .collect::<Result<Vec<_>, _>>()?;
+        let explicit_file = pairs.iter().find(|(k, _)| k == "config").map(|(_, v)| v);
+        let mut config = Config::default();
+        match explicit_file {
+            Some(path) => config.apply_file(Path::new(path), true)?,
+            None => config.apply_file(Path::new(DEFAULT_CONFIG_FILE), false)?,
+        }
+        for (key, value) in &pairs {
+            config.set(key, value, origin)?;
+        }
+        Ok(config)
+    }
+
+    /// Builds the CLI's configuration: the config file (`BERTH_CONFIG` or the
+    /// default), with the store in the user's cache when not root.
+    pub fn for_cli() -> Result<Config, ConfigError> {
+        let mut config = Config::default();
+        if !nix::unistd::geteuid().is_root() {
+            config.store_path = user_store_dir();
+            config.runtime_dir = user_runtime_dir();
+        }
+        match std::env::var_os("BERTH_CONFIG") {
+            Some(path) => config.apply_file(Path::new(&path), true)?,
+            None => config.apply_file(Path::new(DEFAULT_CONFIG_FILE), false)?,
+        }
+        if !nix::unistd::geteuid().is_root() {
+            // An ordinary user cannot write the node store; keep the user's own.
+            config.store_path = user_store_dir();
+            config.runtime_dir = user_runtime_dir();
+        }
+        Ok(config)
+    }
+
+    /// Reads `key=value` lines from `path` (`#` comments, blank lines allowed).
+    pub fn apply_file(&mut self, path: &Path, must_exist: bool) -> Result<(), ConfigError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !must_exist => return Ok(()),
+            Err(e) => {
+                return Err(ConfigError {
+                    origin: path.display().to_string(),
+                    message: format!("cannot read the berth config file: {e}"),
+                })
+            }
+        };
+        for (number, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let origin = format!("{}:{}", path.display(), number + 1);
+            let (key, value) = split_pair(line, &origin)?;
+            if key == "config" {
+                return Err(ConfigError {
+                    origin,
+                    message: "`config` is only valid on the plugstack line".into(),
+                });
+            }
+            self.set(&key, &value, &origin)?;
+        }
+        Ok(())
+    }
+
+    /// Sets one key; unknown keys and malformed values are errors.
+    pub fn set(&mut self, key: &str, value: &str, origin: &str) -> Result<(), ConfigError> {
+        let err = |message: String| ConfigError {
+            origin: origin.to_string(),
+            message,
+        };
+        let absolute = |value: &str| -> Result<PathBuf, ConfigError> {
+            if value.starts_with('/') {
+                Ok(PathBuf::from(value))
+            } else {
+                Err(err(format!("{key}={value}: must be an absolute path")))
+            }
+        };
+        match key {
+            "config" => {}
+            "store_path" => self.store_path = absolute(value)?,
+            "runtime_path" => self.runtime_dir = absolute(value)?,
+            "helper_path" => self.helper_path = absolute(value)?,
+            "insecure_registries" => {
+                self.insecure_registries = value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            }
+            "execute_entrypoint" => {
+                self.execute_entrypoint = parse_bool(value).ok_or_else(|| {
+                    err(format!("{key}={value}: expected 1/0, true/false, yes/no"))
+                })?
+            }
+            "sbatch_support" => {
+                self.sbatch_support = parse_bool(value).ok_or_else(|| {
+                    err(format!("{key}={value}: expected 1/0, true/false, yes/no"))
+                })?
+            }
+            "container_scope" => match value {
+                "job" | "global" => self.container_scope = value.to_string(),
+                _ => return Err(err(format!("{key}={value}: expected `job` or `global`"))),
+            },
+            _ => {
+                return Err(err(format!(
+                    "unknown argument `{key}` (known: {})",
+                    KEYS.join(", ")
+                )))
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Parses pyxis-style booleans: 1/true/yes/y and 0/false/no/n.
+pub fn parse_bool(value: &str) -> Option<bool> {
+    match value.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "y" => Some(true),
+        "0" | "false" | "no" | "n" => Some(false),
+        _ => None,
+    }
+}
+
+fn split_pair(text: &str, origin: &str) -> Result<(String, String), ConfigError> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+        _ => Err(ConfigError {
+            origin: origin.to_string(),
+            message: format!(
+                "`{text}` is not key=value (known keys: {})",
+                KEYS.join(", ")
+            ),
+        }),
+    }
+}
+
+fn user_store_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("berth");
+    }
+    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+        Some(home) => PathBuf::from(home).join(".cache/berth"),
+        None => PathBuf::from(format!("/tmp/berth-{}", nix::unistd::getuid())),
+    }
+}
+
+fn user_runtime_dir() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(dir) => PathBuf::from(dir).join("berth"),
+        None => PathBuf::from(format!("/tmp/berth-run-{}", nix::unistd::getuid())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn plugstack_args_override_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("berth.conf");
+        std::fs::write(
+            &file,
+            "# site\nstore_path=/nvme/berth\ninsecure_registries=a:5000\n",
+        )
+        .unwrap();
+        let config = Config::from_plugstack_args(&args(&[
+            &format!("config={}", file.display()),
+            "insecure_registries=b:1, c",
+            "execute_entrypoint=yes",
+        ]))
+        .unwrap();
+        assert_eq!(config.store_path, PathBuf::from("/nvme/berth"));
+        assert_eq!(config.insecure_registries, vec!["b:1", "c"]);
+        assert!(config.execute_entrypoint);
+    }
+
+    #[test]
+    fn unknown_and_malformed_arguments_are_named() {
+        let e = Config::from_plugstack_args(&args(&["bogus=1"])).unwrap_err();
+        assert!(e.to_string().contains("unknown argument `bogus`"), "{e}");
+        let e = Config::from_plugstack_args(&args(&["store_path=relative"])).unwrap_err();
+        assert!(e.to_string().contains("absolute path"), "{e}");
+        let e = Config::from_plugstack_args(&args(&["novalue"])).unwrap_err();
+        assert!(e.to_string().contains("not key=value"), "{e}");
+        let e =
+            Config::from_plugstack_args(&args(&["config=/nonexistent/berth.conf"])).unwrap_err();
+        assert!(e.to_string().contains("cannot read"), "{e}");
+    }
+
+    #[test]
+    fn booleans() {
+        for t in ["1", "true", "YES", "y"] {
+            assert_eq!(parse_bool(t), Some(true));
+        }
+        for f in ["0", "false", "No", "n"] {
+            assert_eq!(parse_bool(f), Some(false));
+        }
+        assert_eq!(parse_bool("maybe"), None);
+    }
+}

@@ -27,7 +27,7 @@ pub enum ImageSource {
 }
 
 /// A parsed registry image reference.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ImageRef {
     /// Optional user name for credentials (`USER@` in enroot syntax).
     pub user: Option<String>,

@@ -1,1 +1,16 @@
-//! SPANK plugin (placeholder).
+//! The SPANK plugin: a thin translation of Slurm's callbacks into calls on the core.
+//!
+//! - `plugin`: the exported symbols and callbacks Slurm calls, dispatching by context;
+//! - `handle`: safe wrappers over the SPANK handle and Slurm's logger;
+//! - `options`: the `--container-*` option table and the values a job gave;
+//! - `local`: srun/sbatch/salloc side (check options before anything is allocated);
+//! - `remote`: slurmstepd side (pull, create the container, join tasks to it).
+//!
+//! This module must not contain container or registry logic of its own.
+
+pub mod ffi;
+pub mod handle;
+pub mod local;
+pub mod options;
+pub mod plugin;
+pub mod remote;

@@ -48,8 +48,8 @@ pub struct Store {
     root: PathBuf,
 }
 
-/// An image ready to mount.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// An image ready to mount (also what `berth pull --json` prints for the plugin).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StoredImage {
     /// The squashfs file holding the root file system.
     pub squashfs: PathBuf,

@@ -2,7 +2,8 @@
 # Usage: tests/harness/cluster.sh up|down|status|env
 #
 # A real multi-node Slurm 22.05 cluster on one machine (run as root):
-#   slurmctld on the host, listening on the bridge address ($SUBNET.1),
+#   slurmctld on the host, listening on the bridge address (10.77.0.1 by
+#   default; see BERTH_TEST_SUBNET and BERTH_TEST_SLOT in lib.sh),
 #   N slurmd nodes (BERTH_TEST_NODES, default 2), each in its own network
 #   namespace, UTS namespace (hostname nodeN) and mount namespace (own /tmp
 #   and /dev/shm), joined to the bridge by a veth pair.
@@ -18,13 +19,16 @@
 # ports, BERTH_PLUGSTACK_DIR). BERTH_PLUGSTACK_LINE, when set, is written to
 # $BERTH_PLUGSTACK_DIR/berth.conf by `up`.
 set -euo pipefail
+# shellcheck disable=SC2034  # read by log() in lib.sh
 LOG_TAG=cluster
-# shellcheck source=tests/harness/lib.sh
+# shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 CTLD_HOSTNAME=${NAME}-ctl
 CTLD_PID=$PID_DIR/slurmctld.pid
 WAIT_IDLE_S=${BERTH_TEST_WAIT_IDLE_S:-90}
+# Shared by all harness instances: set when one of them started munged.
+MUNGED_MARK=/run/berth-harness-munged.pid
 
 # ---------------------------------------------------------------- munge
 
@@ -46,19 +50,20 @@ ensure_munge() {
         sleep 0.1
     done
     munge_works || die "munged does not answer (see /var/log/munge/munged.log)"
-    # Remember that this harness started it, so `down` may stop it again.
-    cp /run/munge/munged.pid "$PID_DIR/munged.pid"
+    # Remember that a harness started it, so that the last `down` (of any
+    # instance) stops it again.
+    cp /run/munge/munged.pid "$MUNGED_MARK"
 }
 
-# Stop munged only if we started it and no slurm daemon is left that needs it.
+# Stop munged only if a harness started it and no Slurm daemon is left.
 maybe_stop_munge() {
-    [[ -e $PID_DIR/munged.pid ]] || return 0
-    if pgrep -x slurmctld >/dev/null || pgrep -x slurmd >/dev/null; then
+    [[ -e $MUNGED_MARK ]] || return 0
+    # (-r: live processes only; a killed `up` can leave zombies behind)
+    if pgrep -r R,S,D -x slurmctld >/dev/null || pgrep -r R,S,D -x slurmd >/dev/null; then
         log "leaving munged running (other Slurm daemons use it)"
-        rm -f "$PID_DIR/munged.pid"
         return
     fi
-    stop_pidfile "$PID_DIR/munged.pid" munged
+    stop_pidfile "$MUNGED_MARK" munged
 }
 
 # ---------------------------------------------------------------- config
@@ -114,6 +119,7 @@ BatchStartTimeout=60
 KillWait=5
 UnkillableStepTimeout=120
 InactiveLimit=0
+MailProg=/bin/true
 MinJobAge=60
 
 EOF
@@ -123,6 +129,16 @@ EOF
         done
         printf 'PartitionName=debug Nodes=%s Default=YES MaxTime=INFINITE State=UP\n' "$nodelist"
     } >"$SLURM_CONF_FILE"
+
+    # Bind-mounted over /etc/hosts inside the controller's and the nodes'
+    # mount namespaces: names resolve without touching the host's file.
+    {
+        printf '127.0.0.1\tlocalhost\n'
+        printf '%s\t%s\n' "$BRIDGE_IP" "$CTLD_HOSTNAME"
+        for ((i = 1; i <= NODES; i++)); do
+            printf '%s\t%s\n' "$(node_ip "$i")" "$(node_name "$i")"
+        done
+    } >"$ETC_DIR/hosts"
 
     printf 'include %s/*.conf\n' "$PLUGSTACK_DIR" >"$ETC_DIR/plugstack.conf"
     if [[ -n ${BERTH_PLUGSTACK_LINE:-} ]]; then
@@ -145,7 +161,7 @@ make_node_netns() {
     ip link set "$vn" netns "$ns"
     ip -n "$ns" link set lo up
     ip -n "$ns" link set "$vn" name eth0
-    ip -n "$ns" addr add "$(node_ip "$i")/24" dev eth0
+    ip -n "$ns" addr add "$(node_ip "$i")/$NET_PREFIX_LEN" dev eth0
     ip -n "$ns" link set eth0 up
 }
 
@@ -153,14 +169,21 @@ make_node_netns() {
 
 start_slurmctld() {
     log "starting slurmctld on $BRIDGE_IP:$SLURMCTLD_PORT"
-    # Own UTS namespace so the controller's host name matches SlurmctldHost
-    # whatever this machine is called.
-    SLURM_CONF=$SLURM_CONF_FILE unshare --uts -- /bin/sh -c \
-        'hostname "$1" && exec slurmctld -f "$2"' sh "$CTLD_HOSTNAME" "$SLURM_CONF_FILE"
+    # Own UTS and mount namespaces: the controller's host name matches
+    # SlurmctldHost whatever this machine is called, and resolves (through
+    # our hosts file) to the bridge address, the only one it listens on
+    # (CommunicationParameters=NoCtldInAddrAny).
+    # shellcheck disable=SC2016  # $1.. belong to the inner sh
+    SLURM_CONF=$SLURM_CONF_FILE unshare --uts --mount --propagation private -- /bin/sh -c '
+            set -e
+            hostname "$1"
+            mount --bind "$2" /etc/hosts
+            exec slurmctld -f "$3"
+        ' sh "$CTLD_HOSTNAME" "$ETC_DIR/hosts" "$SLURM_CONF_FILE"
 }
 
 start_slurmd() {
-    local i=$1 node ns tmp shm
+    local i=$1 node ns tmp
     node=$(node_name "$i")
     ns=$(node_netns "$i")
     tmp=$NODES_DIR/$node/tmp
@@ -169,15 +192,18 @@ start_slurmd() {
     log "starting slurmd $node ($(node_ip "$i"), netns $ns)"
     # nsenter --net (not `ip netns exec`, which remounts /sys and hides the
     # cgroup mounts); own hostname (Open MPI tells nodes apart by it); own
-    # /tmp (Slurm's PMIx plugin uses fixed names under /tmp) and /dev/shm.
+    # /tmp (Slurm's PMIx plugin uses fixed names under /tmp), /dev/shm and
+    # /etc/hosts (cluster names only).
+    # shellcheck disable=SC2016  # $1.. belong to the inner sh
     SLURM_CONF=$SLURM_CONF_FILE nsenter --net="/var/run/netns/$ns" -- \
         unshare --uts --mount --propagation private -- /bin/sh -c '
             set -e
             hostname "$1"
             mount --bind "$2" /tmp
             mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm
-            exec slurmd -f "$3" -N "$1"
-        ' sh "$node" "$tmp" "$SLURM_CONF_FILE"
+            mount --bind "$3" /etc/hosts
+            exec slurmd -f "$4" -N "$1"
+        ' sh "$node" "$tmp" "$ETC_DIR/hosts" "$SLURM_CONF_FILE"
 }
 
 wait_for_pidfile() {
@@ -197,6 +223,10 @@ wait_idle() {
         if ((idle == NODES)); then
             log "all $NODES nodes idle"
             return
+        fi
+        if ! pid_alive "$CTLD_PID" slurmctld; then
+            tail -n 5 "$LOG_DIR/slurmctld.log" >&2 || true
+            die "slurmctld died; see $LOG_DIR/slurmctld.log"
         fi
         if ((SECONDS >= deadline)); then
             printf '%s\n' "$states" >&2
@@ -241,7 +271,8 @@ cmd_up() {
     mkdir -p "$STATE_DIR" "$LOG_DIR" "$PID_DIR" "$NODES_DIR" "$CACHE_DIR"
     chmod 0755 "$STATE_DIR"
     install -d -m 1777 "$WORK_DIR"
-    rm -rf "$CTLD_STATE_DIR" "${NODES_DIR:?}"/*
+    rm -rf --one-file-system "$CTLD_STATE_DIR" "${NODES_DIR:?}"/* ||
+        die "cannot empty $NODES_DIR (something still mounted there?)"
     mkdir -p "$CTLD_STATE_DIR"
     rm -f "$LOG_DIR"/slurmctld.log "$LOG_DIR"/slurmd-*.log
 
@@ -268,10 +299,8 @@ cmd_up() {
 cmd_down() {
     need_root
     local t0=$SECONDS f ns pid
-    # slurmds first (they are inside the namespaces), then the controller.
-    for f in "$PID_DIR"/slurmd-*.pid; do
-        if [[ -e $f ]]; then stop_pidfile "$f" slurmd; fi
-    done
+    # The daemons shut down in parallel (each takes a second or two).
+    stop_pidfiles 'slurmd|slurmctld' "$PID_DIR"/slurmd-*.pid "$CTLD_PID"
     # Anything still running inside our node namespaces (slurmstepd, tasks
     # of jobs that were running) was started by our slurmds: end it.
     for ns in $(ip netns list | awk '{print $1}' | grep -E "^${NAME}-node[0-9]+\$" || true); do
@@ -282,12 +311,22 @@ cmd_down() {
         ip netns del "$ns"
         log "removed netns $ns"
     done
-    stop_pidfile "$CTLD_PID" slurmctld
+    # srun/salloc/sbatch clients of this cluster left on the host (their
+    # environment names our SLURM_CONF) would wait forever for it; they
+    # ignore SIGTERM once their controller is gone.
+    for pid in $(pgrep -r R,S,D -x srun; pgrep -r R,S,D -x salloc; pgrep -r R,S,D -x sbatch); do
+        if grep -qxF "SLURM_CONF=$SLURM_CONF_FILE" < <(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null); then
+            log "killing client pid $pid ($(cat "/proc/$pid/comm" 2>/dev/null || echo '?'))"
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    done
     # Host ends of the veth pairs normally vanish with the namespaces.
     for f in $(ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E "^${IFTAG}-h[0-9]+\$" || true); do
         ip link del "$f" 2>/dev/null || true
     done
-    rm -rf "$ETC_DIR" "$ENV_FILE" "$CTLD_STATE_DIR" "${NODES_DIR:?}"
+    # --one-file-system: never descend into something left mounted there.
+    rm -rf --one-file-system "$ETC_DIR" "$ENV_FILE" "$CTLD_STATE_DIR" "${NODES_DIR:?}" ||
+        warn "could not remove everything under $NODES_DIR (something still mounted?)"
     maybe_stop_munge
     remove_shared_if_unused
     log "cluster $NAME down in $((SECONDS - t0))s (kept $CACHE_DIR, $LOG_DIR, $WORK_DIR)"
@@ -317,7 +356,7 @@ case ${1:-} in
     status) cmd_status ;;
     env) print_env ;;
     *)
-        sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+        usage
         exit 2
         ;;
 esac

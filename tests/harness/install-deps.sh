@@ -18,7 +18,7 @@ PACKAGES=(
     # MPI
     openmpi-bin libopenmpi-dev libpmix-dev
     # registry and image tools
-    docker-registry skopeo umoci debootstrap busybox-static
+    docker-registry skopeo umoci debootstrap debian-archive-keyring busybox-static
     # squashfs and FUSE
     squashfs-tools squashfs-tools-ng squashfuse fuse-overlayfs fuse3
     # building the crate (bindgen needs libclang)
@@ -117,7 +117,7 @@ make_test_user() {
     if ! id -u "$TEST_USER" >/dev/null 2>&1; then
         useradd -m -s /bin/bash -G "$TEST_GROUP" "$TEST_USER"
         log "created user $TEST_USER (groups: $(id -Gn "$TEST_USER"))"
-    elif ! id -Gn "$TEST_USER" | tr ' ' '\n' | grep -qx "$TEST_GROUP"; then
+    elif [[ " $(id -Gn "$TEST_USER") " != *" $TEST_GROUP "* ]]; then
         usermod -a -G "$TEST_GROUP" "$TEST_USER"
         log "added $TEST_USER to $TEST_GROUP"
     else

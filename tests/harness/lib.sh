@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034
 # Usage: source "$(dirname "$0")/lib.sh"   (from the other harness scripts)
 #
 # Names, addresses, ports and small helpers shared by cluster.sh,
@@ -8,8 +8,12 @@
 #
 # Environment (all optional):
 #   BERTH_TEST_NAME               instance name (default berthtest)
-#   BERTH_TEST_NODES              number of slurmd nodes (default 2)
+#   BERTH_TEST_NODES              number of slurmd nodes (default 2, at most 50)
 #   BERTH_TEST_SUBNET             first three octets of the /24 (default 10.77.0)
+#   BERTH_TEST_SLOT               0..3 (default 0): which /26 of that /24 this
+#                                 instance uses, so that up to four instances
+#                                 run side by side inside 10.77.0.0/24
+#                                 (bridge .1/.65/.129/.193, nodes from +11)
 #   BERTH_TEST_SLURMCTLD_PORT     default 16817
 #   BERTH_TEST_SLURMD_PORT        default 16818
 #   BERTH_TEST_REGISTRY_PORT      anonymous registry, default 15000
@@ -17,6 +21,9 @@
 #   BERTH_TEST_TOKEN_SERVER_PORT  token server, default 15002
 #   BERTH_PLUGSTACK_DIR           directory plugstack.conf includes
 #                                 (default /run/$NAME/etc/plugstack.conf.d)
+#   BERTH_TEST_CACHE_DIR          image and debootstrap cache
+#                                 (default /var/lib/$NAME/cache; may be shared
+#                                 between instances)
 
 NAME=${BERTH_TEST_NAME:-berthtest}
 if [[ ! $NAME =~ ^[a-z][a-z0-9_-]{0,30}$ ]]; then
@@ -24,10 +31,17 @@ if [[ ! $NAME =~ ^[a-z][a-z0-9_-]{0,30}$ ]]; then
     exit 2
 fi
 NODES=${BERTH_TEST_NODES:-2}
-[[ $NODES =~ ^[1-9][0-9]?$ ]] || { echo "BERTH_TEST_NODES must be 1..99" >&2; exit 2; }
+if [[ ! $NODES =~ ^[1-9][0-9]?$ ]] || ((NODES > 50)); then
+    echo "BERTH_TEST_NODES must be 1..50 (got '$NODES')" >&2
+    exit 2
+fi
 
 SUBNET=${BERTH_TEST_SUBNET:-10.77.0}
-BRIDGE_IP=$SUBNET.1
+SLOT=${BERTH_TEST_SLOT:-0}
+[[ $SLOT =~ ^[0-3]$ ]] || { echo "BERTH_TEST_SLOT must be 0..3 (got '$SLOT')" >&2; exit 2; }
+NET_BASE=$((SLOT * 64))
+NET_PREFIX_LEN=26
+BRIDGE_IP=$SUBNET.$((NET_BASE + 1))
 SLURMCTLD_PORT=${BERTH_TEST_SLURMCTLD_PORT:-16817}
 SLURMD_PORT=${BERTH_TEST_SLURMD_PORT:-16818}
 REGISTRY_PORT=${BERTH_TEST_REGISTRY_PORT:-15000}
@@ -51,7 +65,7 @@ PID_DIR=$STATE_DIR/pid
 NODES_DIR=$STATE_DIR/nodes
 CTLD_STATE_DIR=$STATE_DIR/slurmctld
 WORK_DIR=$STATE_DIR/work
-CACHE_DIR=$STATE_DIR/cache
+CACHE_DIR=${BERTH_TEST_CACHE_DIR:-$STATE_DIR/cache}
 REGISTRY_DIR=$STATE_DIR/registry
 PLUGSTACK_DIR=${BERTH_PLUGSTACK_DIR:-$ETC_DIR/plugstack.conf.d}
 SLURM_CONF_FILE=$ETC_DIR/slurm.conf
@@ -63,16 +77,22 @@ log() { printf '[%s] %s\n' "${LOG_TAG:-harness}" "$*"; }
 warn() { printf '[%s] WARNING: %s\n' "${LOG_TAG:-harness}" "$*" >&2; }
 die() { printf '[%s] ERROR: %s\n' "${LOG_TAG:-harness}" "$*" >&2; exit 1; }
 
+# usage: print the comment block at the top of the running script.
+usage() {
+    awk 'NR == 1 {next} /^#/ {sub(/^# ?/, ""); print; next} {exit}' "$0"
+}
+
 need_root() { [[ $(id -u) -eq 0 ]] || die "must run as root"; }
 
 node_name() { printf 'node%d' "$1"; }
-node_ip() { printf '%s.%d' "$SUBNET" "$((10 + $1))"; }
+node_ip() { printf '%s.%d' "$SUBNET" "$((NET_BASE + 10 + $1))"; }
 node_netns() { printf '%s-node%d' "$NAME" "$1"; }
 veth_host() { printf '%s-h%d' "$IFTAG" "$1"; }
 veth_node() { printf '%s-n%d' "$IFTAG" "$1"; }
 
 # pid_alive PIDFILE [COMM]: true when the pid file names a running process
-# (and, if COMM is given, that process's command name is COMM).
+# (and, if COMM is given, that process's command name matches the regular
+# expression ^(COMM)$).
 pid_alive() {
     local file=$1 comm=${2:-} pid
     [[ -s $file ]] || return 1
@@ -80,40 +100,54 @@ pid_alive() {
     [[ $pid =~ ^[0-9]+$ ]] || return 1
     [[ -d /proc/$pid ]] || return 1
     if [[ -n $comm ]]; then
-        [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$comm" ]] || return 1
+        [[ $(cat "/proc/$pid/comm" 2>/dev/null) =~ ^($comm)$ ]] || return 1
     fi
 }
 
-# stop_pidfile PIDFILE COMM: TERM the process named in PIDFILE (only if its
-# command name is COMM), wait up to 10s, then KILL; remove the pid file.
-stop_pidfile() {
-    local file=$1 comm=$2 pid i
-    if pid_alive "$file" "$comm"; then
-        pid=$(head -n1 "$file")
-        log "stopping $comm (pid $pid)"
-        kill -TERM "$pid" 2>/dev/null || true
-        for ((i = 0; i < 100; i++)); do
-            [[ -d /proc/$pid ]] || break
-            sleep 0.1
+# stop_pidfiles COMM PIDFILE...: TERM every process named in the pid files
+# whose command name matches COMM (see pid_alive), wait up to 10s for all of them, KILL what is
+# left; remove the pid files.
+stop_pidfiles() {
+    local comm=$1 file pid i alive
+    shift
+    local pids=()
+    for file in "$@"; do
+        if pid_alive "$file" "$comm"; then
+            pid=$(head -n1 "$file")
+            log "stopping $(cat "/proc/$pid/comm" 2>/dev/null) (pid $pid)"
+            kill -TERM "$pid" 2>/dev/null || true
+            pids+=("$pid")
+        fi
+    done
+    for ((i = 0; i < 100; i++)); do
+        alive=0
+        for pid in "${pids[@]}"; do
+            [[ -d /proc/$pid ]] && alive=1
         done
+        ((alive)) || break
+        sleep 0.1
+    done
+    for pid in "${pids[@]}"; do
         if [[ -d /proc/$pid ]]; then
             warn "$comm (pid $pid) ignored SIGTERM, sending SIGKILL"
             kill -KILL "$pid" 2>/dev/null || true
         fi
-    fi
-    rm -f "$file"
+    done
+    rm -f "$@"
 }
+
+stop_pidfile() { stop_pidfiles "$2" "$1"; }
 
 # The bridge is shared by the cluster and the registries: whoever comes
 # first creates it, whoever goes last removes it.
 ensure_bridge() {
     if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
-        if ip -4 -o addr show | awk '{print $4}' | grep -q "^${BRIDGE_IP//./\\.}/"; then
-            die "$BRIDGE_IP is already used by another interface (set BERTH_TEST_SUBNET)"
+        if [[ $'\n'$(ip -4 -o addr show | awk '{print $4}') == *$'\n'"$BRIDGE_IP/"* ]]; then
+            die "$BRIDGE_IP is already used by another interface (another instance? set BERTH_TEST_SLOT)"
         fi
-        log "creating bridge $BRIDGE ($BRIDGE_IP/24)"
+        log "creating bridge $BRIDGE ($BRIDGE_IP/$NET_PREFIX_LEN)"
         ip link add "$BRIDGE" type bridge
-        ip addr add "$BRIDGE_IP/24" dev "$BRIDGE"
+        ip addr add "$BRIDGE_IP/$NET_PREFIX_LEN" dev "$BRIDGE"
     fi
     ip link set "$BRIDGE" up
 }
@@ -145,7 +179,7 @@ remove_shared_if_unused() {
         log "removing bridge $BRIDGE"
         ip link del "$BRIDGE"
     fi
-    rm -rf "$RUN_DIR"
+    rm -rf --one-file-system "$RUN_DIR" || warn "could not remove all of $RUN_DIR"
 }
 
 write_env_file() {
@@ -169,6 +203,7 @@ export BERTH_TEST_LOG_DIR=$LOG_DIR
 export BERTH_TEST_CACHE_DIR=$CACHE_DIR
 export BERTH_TEST_PLUGSTACK_DIR=$PLUGSTACK_DIR
 export BERTH_TEST_BRIDGE_IP=$BRIDGE_IP
+export BERTH_TEST_SLOT=$SLOT
 export BERTH_TEST_NODE_NAMES=$names
 export BERTH_TEST_REGISTRY=$REGISTRY_ADDR
 export BERTH_TEST_TOKEN_REGISTRY=$TOKEN_REGISTRY_ADDR

@@ -1,0 +1,246 @@
+//! Safe wrappers over the SPANK handle and Slurm's logging functions.
+
+use std::ffi::{c_char, c_int, CStr, CString};
+
+use super::ffi;
+
+/// Where the plugin is running, as Slurm reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Context {
+    /// srun (before and after allocation).
+    Local,
+    /// slurmstepd on a compute node: the job step itself.
+    Remote,
+    /// sbatch or salloc.
+    Allocator,
+    /// the slurmd daemon.
+    Slurmd,
+    /// prolog/epilog scripts.
+    JobScript,
+    /// Slurm could not say.
+    Unknown,
+}
+
+/// Returns the context the plugin runs in.
+pub fn context() -> Context {
+    // SAFETY: spank_context takes no arguments and only reads Slurm's global state.
+    match unsafe { ffi::spank_context() } {
+        ffi::spank_context::S_CTX_LOCAL => Context::Local,
+        ffi::spank_context::S_CTX_REMOTE => Context::Remote,
+        ffi::spank_context::S_CTX_ALLOCATOR => Context::Allocator,
+        ffi::spank_context::S_CTX_SLURMD => Context::Slurmd,
+        ffi::spank_context::S_CTX_JOB_SCRIPT => Context::JobScript,
+        _ => Context::Unknown,
+    }
+}
+
+/// A SPANK handle for the duration of one callback.
+#[derive(Clone, Copy)]
+pub struct Spank(ffi::spank_t);
+
+/// A SPANK call that failed, with Slurm's own description.
+#[derive(Debug, Clone)]
+pub struct SpankError {
+    /// What berth asked for.
+    pub what: String,
+    /// Slurm's error text.
+    pub reason: String,
+}
+
+impl std::fmt::Display for SpankError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Slurm refused {}: {}", self.what, self.reason)
+    }
+}
+
+impl std::error::Error for SpankError {}
+
+fn check(rc: ffi::spank_err_t, what: &str) -> Result<(), SpankError> {
+    if rc == ffi::ESPANK_SUCCESS {
+        return Ok(());
+    }
+    // SAFETY: spank_strerror returns a pointer to a static string for any code.
+    let reason = unsafe { CStr::from_ptr(ffi::spank_strerror(rc)) }
+        .to_string_lossy()
+        .into_owned();
+    Err(SpankError {
+        what: what.to_string(),
+        reason,
+    })
+}
+
+impl Spank {
+    /// Wraps the handle Slurm passed to the callback currently running; only
+    /// the callbacks in `plugin` make one, and none outlives its callback.
+    pub(crate) fn from_raw(raw: ffi::spank_t) -> Spank {
+        Spank(raw)
+    }
+
+    fn get_u32(&self, item: ffi::spank_item_t, what: &str) -> Result<u32, SpankError> {
+        let mut value: u32 = 0;
+        // SAFETY: the items passed here all take a single `uint32_t *` (or the
+        // same-sized uid_t/gid_t) out-parameter, per spank.h.
+        let rc = unsafe { ffi::spank_get_item(self.0, item, &mut value as *mut u32) };
+        check(rc, what)?;
+        Ok(value)
+    }
+
+    /// The job's user id.
+    pub fn uid(&self) -> Result<u32, SpankError> {
+        self.get_u32(ffi::spank_item::S_JOB_UID, "the job's uid")
+    }
+
+    /// The job's primary group id.
+    pub fn gid(&self) -> Result<u32, SpankError> {
+        self.get_u32(ffi::spank_item::S_JOB_GID, "the job's gid")
+    }
+
+    /// The job id.
+    pub fn job_id(&self) -> Result<u32, SpankError> {
+        self.get_u32(ffi::spank_item::S_JOB_ID, "the job id")
+    }
+
+    /// The step id (or one of Slurm's special step ids).
+    pub fn step_id(&self) -> Result<u32, SpankError> {
+        self.get_u32(ffi::spank_item::S_JOB_STEPID, "the step id")
+    }
+
+    /// Number of tasks of this step on this node.
+    pub fn local_task_count(&self) -> Result<u32, SpankError> {
+        self.get_u32(
+            ffi::spank_item::S_JOB_LOCAL_TASK_COUNT,
+            "the local task count",
+        )
+    }
+
+    /// The job's supplementary group ids.
+    pub fn supplementary_gids(&self) -> Result<Vec<u32>, SpankError> {
+        let mut list: *mut libc::gid_t = std::ptr::null_mut();
+        let mut count: c_int = 0;
+        // SAFETY: S_JOB_SUPPLEMENTARY_GIDS takes (gid_t **, int *); Slurm keeps
+        // ownership of the array, which we copy before returning.
+        let rc = unsafe {
+            ffi::spank_get_item(
+                self.0,
+                ffi::spank_item::S_JOB_SUPPLEMENTARY_GIDS,
+                &mut list as *mut *mut libc::gid_t,
+                &mut count as *mut c_int,
+            )
+        };
+        check(rc, "the job's supplementary groups")?;
+        if list.is_null() || count <= 0 {
+            return Ok(Vec::new());
+        }
+        // SAFETY: Slurm returned `count` valid gids at `list`.
+        Ok(unsafe { std::slice::from_raw_parts(list, count as usize) }.to_vec())
+    }
+
+    /// The job's environment (remote context), as `KEY=VALUE` strings.
+    pub fn job_env(&self) -> Result<Vec<String>, SpankError> {
+        let mut env: *mut *mut c_char = std::ptr::null_mut();
+        // SAFETY: S_JOB_ENV takes (char ***); the array is NULL-terminated and
+        // owned by Slurm, copied here before returning.
+        let rc = unsafe {
+            ffi::spank_get_item(
+                self.0,
+                ffi::spank_item::S_JOB_ENV,
+                &mut env as *mut *mut *mut c_char,
+            )
+        };
+        check(rc, "the job environment")?;
+        let mut out = Vec::new();
+        if env.is_null() {
+            return Ok(out);
+        }
+        let mut index = 0;
+        loop {
+            // SAFETY: walking a NULL-terminated array of C strings from Slurm.
+            let entry = unsafe { *env.add(index) };
+            if entry.is_null() {
+                break;
+            }
+            // SAFETY: each entry is a valid NUL-terminated string.
+            out.push(
+                unsafe { CStr::from_ptr(entry) }
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+            index += 1;
+        }
+        Ok(out)
+    }
+
+    /// Reads a variable of the job environment (remote) or the process (local).
+    pub fn getenv(&self, name: &str) -> Option<String> {
+        let name = CString::new(name).ok()?;
+        let mut buf = vec![0u8; 64 * 1024];
+        // SAFETY: buf is writable for its full length, which we pass.
+        let rc = unsafe {
+            ffi::spank_getenv(
+                self.0,
+                name.as_ptr(),
+                buf.as_mut_ptr() as *mut c_char,
+                buf.len() as c_int,
+            )
+        };
+        if rc != ffi::ESPANK_SUCCESS {
+            return None;
+        }
+        let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        buf.truncate(len);
+        Some(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    /// Sets a variable in the job (or task) environment, replacing any value.
+    pub fn setenv(&self, name: &str, value: &str) -> Result<(), SpankError> {
+        let what = format!("setting {name} in the task environment");
+        let bad = |_| SpankError {
+            what: what.clone(),
+            reason: "name or value contains a NUL byte".into(),
+        };
+        let c_name = CString::new(name).map_err(bad)?;
+        let c_value = CString::new(value).map_err(bad)?;
+        // SAFETY: both pointers are valid NUL-terminated strings for the call.
+        let rc = unsafe { ffi::spank_setenv(self.0, c_name.as_ptr(), c_value.as_ptr(), 1) };
+        check(rc, &what)
+    }
+
+    /// Registers one option with Slurm.
+    pub fn register_option(&self, option: &mut ffi::spank_option) -> Result<(), SpankError> {
+        // SAFETY: the option's strings are 'static and Slurm copies the struct.
+        let rc = unsafe { ffi::spank_option_register(self.0, option) };
+        check(rc, "registering a --container option")
+    }
+}
+
+fn to_c_message(message: &str) -> CString {
+    CString::new(message.replace('\0', "\\0")).expect("NUL bytes were replaced")
+}
+
+/// Logs an error through Slurm (shown to the user by srun, and in slurmd's log).
+pub fn log_error(message: &str) {
+    let message = to_c_message(&format!("berth: {message}"));
+    // SAFETY: a "%s" format with one valid C string argument.
+    unsafe { ffi::slurm_error(c"%s".as_ptr(), message.as_ptr()) }
+}
+
+/// Logs at info level through Slurm.
+pub fn log_info(message: &str) {
+    let message = to_c_message(&format!("berth: {message}"));
+    // SAFETY: a "%s" format with one valid C string argument.
+    unsafe { ffi::slurm_info(c"%s".as_ptr(), message.as_ptr()) }
+}
+
+/// Logs at verbose level (`srun -v`) through Slurm.
+pub fn log_verbose(message: &str) {
+    let message = to_c_message(&format!("berth: {message}"));
+    // SAFETY: a "%s" format with one valid C string argument.
+    unsafe { ffi::slurm_verbose(c"%s".as_ptr(), message.as_ptr()) }
+}
+
+/// Logs at debug level through Slurm.
+pub fn log_debug(message: &str) {
+    let message = to_c_message(&format!("berth: {message}"));
+    // SAFETY: a "%s" format with one valid C string argument.
+    unsafe { ffi::slurm_debug(c"%s".as_ptr(), message.as_ptr()) }
+}

@@ -1,0 +1,157 @@
+//! The symbols Slurm looks up in `spank_berth.so`, and the callbacks, each a
+//! short dispatch to `local` or `remote` by context.
+
+use std::ffi::{c_char, c_int, c_uint, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::OnceLock;
+
+use super::ffi;
+use super::handle::{self, Context, Spank};
+use super::{local, options, remote};
+use crate::config::Config;
+
+/// Plugin name Slurm shows in its messages.
+#[no_mangle]
+#[used]
+pub static plugin_name: [u8; 6] = *b"berth\0";
+
+/// Plugin type: SPANK.
+#[no_mangle]
+#[used]
+pub static plugin_type: [u8; 6] = *b"spank\0";
+
+/// The Slurm release this plugin was built against (from the installed
+/// headers); Slurm refuses to load a plugin built for another release.
+#[no_mangle]
+#[used]
+pub static plugin_version: c_uint = ffi::SLURM_VERSION_NUMBER;
+
+/// Version of berth's SPANK interface.
+#[no_mangle]
+#[used]
+pub static spank_plugin_version: c_uint = 1;
+
+static CONFIG: OnceLock<Config> = OnceLock::new();
+
+/// The configuration read at `slurm_spank_init`.
+pub fn config() -> &'static Config {
+    CONFIG.get_or_init(Config::default)
+}
+
+/// Runs one callback body, turning errors and panics into a logged message
+/// and Slurm's error code (a panic must never unwind into Slurm).
+fn guard(callback: &str, body: impl FnOnce() -> Result<(), String>) -> c_int {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => 0,
+        Ok(Err(message)) => {
+            handle::log_error(&message);
+            -1
+        }
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("unknown panic");
+            handle::log_error(&format!("internal error in {callback}: {what}"));
+            -1
+        }
+    }
+}
+
+fn plugin_args(argc: c_int, argv: *mut *mut c_char) -> Vec<String> {
+    (0..argc.max(0) as usize)
+        .filter_map(|i| {
+            // SAFETY: Slurm passes argc valid C strings in argv.
+            let arg = unsafe { *argv.add(i) };
+            (!arg.is_null()).then(|| {
+                // SAFETY: non-null entries are NUL-terminated strings.
+                unsafe { CStr::from_ptr(arg) }
+                    .to_string_lossy()
+                    .into_owned()
+            })
+        })
+        .collect()
+}
+
+/// Called first in every context: reads the configuration, registers options.
+#[no_mangle]
+pub extern "C" fn slurm_spank_init(sp: ffi::spank_t, argc: c_int, argv: *mut *mut c_char) -> c_int {
+    guard("slurm_spank_init", || {
+        let args = plugin_args(argc, argv);
+        let config = Config::from_plugstack_args(&args).map_err(|e| e.to_string())?;
+        let _ = CONFIG.set(config);
+        let spank = Spank::from_raw(sp);
+        match handle::context() {
+            Context::Local | Context::Remote | Context::Allocator => {
+                options::register_all(&spank).map_err(|e| e.to_string())
+            }
+            _ => Ok(()),
+        }
+    })
+}
+
+/// Called once options are parsed: srun checks them before any allocation.
+#[no_mangle]
+pub extern "C" fn slurm_spank_init_post_opt(
+    sp: ffi::spank_t,
+    _argc: c_int,
+    _argv: *mut *mut c_char,
+) -> c_int {
+    guard("slurm_spank_init_post_opt", || {
+        let spank = Spank::from_raw(sp);
+        match handle::context() {
+            Context::Local | Context::Allocator => local::check_options(&options::current()),
+            Context::Remote => remote::init_post_opt(&spank),
+            _ => Ok(()),
+        }
+    })
+}
+
+/// slurmstepd, once per step and node, before tasks start: pull the image and
+/// create the container.
+#[no_mangle]
+pub extern "C" fn slurm_spank_user_init(
+    sp: ffi::spank_t,
+    _argc: c_int,
+    _argv: *mut *mut c_char,
+) -> c_int {
+    guard("slurm_spank_user_init", || {
+        if handle::context() != Context::Remote {
+            return Ok(());
+        }
+        let spank = Spank::from_raw(sp);
+        remote::user_init(&spank, config())
+    })
+}
+
+/// In each task, as the user, just before Slurm execs the command: join the container.
+#[no_mangle]
+pub extern "C" fn slurm_spank_task_init(
+    sp: ffi::spank_t,
+    _argc: c_int,
+    _argv: *mut *mut c_char,
+) -> c_int {
+    guard("slurm_spank_task_init", || {
+        if handle::context() != Context::Remote {
+            return Ok(());
+        }
+        let spank = Spank::from_raw(sp);
+        remote::task_init(&spank)
+    })
+}
+
+/// Last call in every context: slurmstepd lets go of the container.
+#[no_mangle]
+pub extern "C" fn slurm_spank_exit(
+    _sp: ffi::spank_t,
+    _argc: c_int,
+    _argv: *mut *mut c_char,
+) -> c_int {
+    guard("slurm_spank_exit", || {
+        if handle::context() == Context::Remote {
+            remote::exit();
+        }
+        Ok(())
+    })
+}

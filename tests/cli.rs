@@ -1,0 +1,167 @@
+//! The `berth` CLI against the test registry: pull, then run as root (kernel
+//! squashfs) and as an ordinary user (squashfuse in a user namespace).
+
+mod common;
+
+use std::process::Command;
+
+use common::{Cluster, Run, TEST_USER};
+
+fn berth() -> String {
+    env!("CARGO_BIN_EXE_berth").to_string()
+}
+
+fn run_berth(as_user: bool, args: &[&str]) -> Run {
+    let mut command = if as_user {
+        let mut c = Command::new("runuser");
+        c.args(["-u", TEST_USER, "--", &berth()]);
+        c
+    } else {
+        Command::new(berth())
+    };
+    command.args(args);
+    let out = command.output().expect("run berth");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+#[test]
+fn pull_then_run_as_root_and_as_user() {
+    let Some(cluster) = Cluster::get() else {
+        return;
+    };
+    let registry = cluster.registry();
+    let image = format!("{registry}/busybox:latest");
+    let base = tempfile::Builder::new()
+        .prefix("berth-cli-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        base.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let host_dir = base.path().join("data");
+    std::fs::create_dir(&host_dir).unwrap();
+    std::fs::write(host_dir.join("f"), "bound\n").unwrap();
+    std::fs::set_permissions(
+        &host_dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let mount = format!("{}:/mnt/data:ro", host_dir.display());
+
+    for as_user in [false, true] {
+        let store = base
+            .path()
+            .join(if as_user { "user-store" } else { "root-store" });
+        let store = store.to_str().unwrap();
+        let pulled = run_berth(
+            as_user,
+            &[
+                "pull",
+                "--store",
+                store,
+                "--insecure-registry",
+                &registry,
+                &image,
+            ],
+        )
+        .ok();
+        assert!(pulled.stdout.contains("sha256:"), "{}", pulled.stdout);
+        let run = run_berth(
+            as_user,
+            &[
+                "run",
+                "--store",
+                store,
+                "--insecure-registry",
+                &registry,
+                "--mount",
+                &mount,
+                &image,
+                "--",
+                "sh",
+                "-c",
+                "grep ^ID= /etc/os-release; id -un; cat /mnt/data/f; touch /mnt/data/g || echo ro",
+            ],
+        )
+        .ok();
+        assert!(run.stdout.contains("ID=berth-busybox"), "{}", run.stdout);
+        assert!(
+            run.stdout
+                .contains(if as_user { TEST_USER } else { "root" }),
+            "{}",
+            run.stdout
+        );
+        assert!(run.stdout.contains("bound"), "{}", run.stdout);
+        assert!(run.stdout.contains("ro"), "{}", run.stdout);
+        // Exit codes pass through.
+        let run = run_berth(
+            as_user,
+            &[
+                "run",
+                "--store",
+                store,
+                "--insecure-registry",
+                &registry,
+                &image,
+                "--",
+                "sh",
+                "-c",
+                "exit 7",
+            ],
+        );
+        assert_eq!(run.code, 7, "{}", run.stderr);
+    }
+}
+
+#[test]
+fn errors_name_the_image() {
+    let Some(cluster) = Cluster::get() else {
+        return;
+    };
+    let registry = cluster.registry();
+    let base = tempfile::tempdir_in("/var/tmp").unwrap();
+    let store = base.path().to_str().unwrap();
+    let missing = format!("{registry}/no-such-image:1");
+    let run = run_berth(
+        false,
+        &[
+            "pull",
+            "--store",
+            store,
+            "--insecure-registry",
+            &registry,
+            &missing,
+        ],
+    )
+    .failed();
+    assert!(run.stderr.contains("no-such-image"), "{}", run.stderr);
+    let run = run_berth(false, &["pull", "--store", store, "BAD REF"]).failed();
+    assert!(
+        run.stderr.contains("invalid image reference"),
+        "{}",
+        run.stderr
+    );
+    let run = run_berth(
+        false,
+        &[
+            "run",
+            "--store",
+            store,
+            "/nonexistent/image.sqfs",
+            "--",
+            "true",
+        ],
+    )
+    .failed();
+    assert!(
+        run.stderr.contains("/nonexistent/image.sqfs"),
+        "{}",
+        run.stderr
+    );
+}

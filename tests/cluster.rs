@@ -1,0 +1,335 @@
+//! Integration tests on the real test cluster: srun and sbatch with
+//! `--container-image`, as root and as an ordinary user (see tests/common).
+
+mod common;
+
+use common::{Cluster, Submitter, BOTH};
+
+macro_rules! cluster_or_skip {
+    () => {
+        match Cluster::get() {
+            Some(cluster) => cluster,
+            None => return,
+        }
+    };
+}
+
+#[test]
+fn tasks_see_the_image_and_run_as_the_user() {
+    let cluster = cluster_or_skip!();
+    let image = cluster.image("busybox:latest");
+    for who in BOTH {
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    "-N1",
+                    &format!("--container-image={image}"),
+                    "sh",
+                    "-c",
+                    "cat /etc/os-release; id; whoami; echo env=$BERTH_TEST_ENV; pwd",
+                ],
+            )
+            .ok();
+        assert!(
+            run.stdout.contains("ID=berth-busybox"),
+            "{who:?}: {}",
+            run.stdout
+        );
+        assert!(
+            run.stdout.contains("env=from-image"),
+            "{who:?}: {}",
+            run.stdout
+        );
+        assert!(
+            run.stdout.contains("/srv/work"),
+            "{who:?}: image WorkingDir: {}",
+            run.stdout
+        );
+        let (uid, name) = match who {
+            Submitter::Root => (0, "root"),
+            Submitter::User => (user_uid(), common::TEST_USER),
+        };
+        assert!(
+            run.stdout.contains(&format!("uid={uid}({name})")),
+            "{who:?}: {}",
+            run.stdout
+        );
+        assert!(
+            run.stdout.lines().any(|l| l == name),
+            "whoami: {}",
+            run.stdout
+        );
+        if who == Submitter::User {
+            assert!(
+                run.stdout.contains("berthgrp"),
+                "supplementary group: {}",
+                run.stdout
+            );
+        }
+    }
+}
+
+fn user_uid() -> u32 {
+    let out = std::process::Command::new("id")
+        .args(["-u", common::TEST_USER])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+#[test]
+fn whiteouts_hide_deleted_file_and_folder() {
+    let cluster = cluster_or_skip!();
+    let image = cluster.image("debian:bookworm");
+    let run = cluster
+        .srun(
+            Submitter::User,
+            &[
+                &format!("--container-image={image}"),
+                "sh",
+                "-c",
+                "grep -q bookworm /etc/os-release && echo debian-ok; \
+                 test -e /etc/berth-whiteout-file && echo FILE-PRESENT; \
+                 test -e /opt/berth-whiteout-dir && echo DIR-PRESENT; \
+                 test -e /etc/berth-layer2 && echo layer2-ok; true",
+            ],
+        )
+        .ok();
+    assert!(run.stdout.contains("debian-ok"), "{}", run.stdout);
+    assert!(run.stdout.contains("layer2-ok"), "{}", run.stdout);
+    assert!(
+        !run.stdout.contains("FILE-PRESENT"),
+        "whiteouted file visible: {}",
+        run.stdout
+    );
+    assert!(
+        !run.stdout.contains("DIR-PRESENT"),
+        "whiteouted folder visible: {}",
+        run.stdout
+    );
+}
+
+#[test]
+fn mounts_and_workdir() {
+    let cluster = cluster_or_skip!();
+    let image = cluster.image("busybox:latest");
+    let work = cluster.var("BERTH_TEST_WORKDIR");
+    let shared = format!("{work}/mount-src");
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::write(format!("{shared}/hello.txt"), "hello from the host\n").unwrap();
+    let mounts = format!("--container-mounts={shared}:/data,{shared}:/data-ro:ro");
+    for who in BOTH {
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    &format!("--container-image={image}"),
+                    &mounts,
+                    "--container-workdir=/data",
+                    "sh",
+                    "-c",
+                    "pwd; cat hello.txt; cat /data-ro/hello.txt; \
+                     touch /data-ro/x 2>/dev/null && echo RO-WRITABLE || echo ro-refused",
+                ],
+            )
+            .ok();
+        assert!(
+            run.stdout.starts_with("/data\n"),
+            "{who:?} workdir: {}",
+            run.stdout
+        );
+        assert_eq!(
+            run.stdout.matches("hello from the host").count(),
+            2,
+            "{}",
+            run.stdout
+        );
+        assert!(run.stdout.contains("ro-refused"), "{who:?}: {}", run.stdout);
+    }
+}
+
+#[test]
+fn both_nodes_run_tasks() {
+    let cluster = cluster_or_skip!();
+    let image = cluster.image("busybox:latest");
+    let run = cluster
+        .srun(
+            Submitter::User,
+            &[
+                "-N2",
+                "-n4",
+                &format!("--container-image={image}"),
+                "sh",
+                "-c",
+                "echo $(hostname) $(grep ^ID= /etc/os-release)",
+            ],
+        )
+        .ok();
+    for node in ["node1", "node2"] {
+        assert!(
+            run.stdout
+                .lines()
+                .any(|l| l.starts_with(node) && l.ends_with("ID=berth-busybox")),
+            "no containerized task on {node}: {}",
+            run.stdout
+        );
+    }
+    assert_eq!(run.stdout.lines().count(), 4, "{}", run.stdout);
+}
+
+#[test]
+fn pmix_mpi_allreduce_across_nodes() {
+    let cluster = cluster_or_skip!();
+    let image = cluster.image("openmpi:bookworm");
+    for who in BOTH {
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    "--mpi=pmix",
+                    "-N2",
+                    "-n4",
+                    &format!("--container-image={image}"),
+                    "mpi_hello",
+                ],
+            )
+            .ok();
+        assert!(
+            run.stdout.contains("ok"),
+            "{who:?}: {}\n{}",
+            run.stdout,
+            run.stderr
+        );
+        for node in ["node1", "node2"] {
+            assert!(
+                run.stdout.contains(&format!("on {node}")),
+                "{who:?}: {}",
+                run.stdout
+            );
+        }
+    }
+}
+
+#[test]
+fn sbatch_steps_run_in_the_container() {
+    let cluster = cluster_or_skip!();
+    let image = cluster.image("busybox:latest");
+    let work = cluster.var("BERTH_TEST_WORKDIR");
+    let out = format!("{work}/sbatch-{}.out", std::process::id());
+    let _ = std::fs::remove_file(&out);
+    let script = format!("srun --container-image={image} cat /etc/os-release");
+    cluster
+        .slurm(
+            Submitter::User,
+            "sbatch",
+            &[
+                "--wait",
+                "-N1",
+                &format!("--output={out}"),
+                "--wrap",
+                &script,
+            ],
+        )
+        .ok();
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.contains("ID=berth-busybox"), "{text}");
+}
+
+#[test]
+fn second_use_downloads_nothing() {
+    let cluster = cluster_or_skip!();
+    let image = cluster.image("busybox:latest");
+    // Make sure both nodes hold the image, then count blob downloads.
+    cluster
+        .srun(
+            Submitter::User,
+            &["-N2", &format!("--container-image={image}"), "true"],
+        )
+        .ok();
+    let before = cluster.registry_blob_gets("busybox");
+    cluster
+        .srun(
+            Submitter::Root,
+            &["-N2", &format!("--container-image={image}"), "true"],
+        )
+        .ok();
+    let after = cluster.registry_blob_gets("busybox");
+    assert_eq!(before, after, "a cached image was downloaded again");
+}
+
+#[test]
+fn bad_options_fail_before_allocation() {
+    let cluster = cluster_or_skip!();
+    let cases: &[(&str, &str)] = &[
+        ("--container-image=Not A/Valid:Ref", "--container-image"),
+        ("--container-image=ubuntu:-bad", "--container-image"),
+        ("--container-mounts=relative/src:/dst", "--container-mounts"),
+        ("--container-workdir=relative", "--container-workdir"),
+    ];
+    for (option, name) in cases {
+        let before = cluster.last_job_id();
+        let image = format!("--container-image={}", cluster.image("busybox:latest"));
+        let args: Vec<&str> = if option.starts_with("--container-image") {
+            vec![option, "true"]
+        } else {
+            vec![&image, option, "true"]
+        };
+        let run = cluster.srun(Submitter::User, &args).failed();
+        assert!(run.stderr.contains(name), "{option}: {}", run.stderr);
+        assert_eq!(
+            cluster.last_job_id(),
+            before,
+            "{option}: a job was allocated"
+        );
+    }
+    // Options without an image.
+    let before = cluster.last_job_id();
+    let run = cluster
+        .srun(Submitter::User, &["--container-workdir=/tmp", "true"])
+        .failed();
+    assert!(
+        run.stderr.contains("without --container-image"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(cluster.last_job_id(), before, "a job was allocated");
+}
+
+#[test]
+fn runtime_errors_are_clear_and_leave_nodes_healthy() {
+    let cluster = cluster_or_skip!();
+    let registry = cluster.registry();
+    let work = cluster.var("BERTH_TEST_WORKDIR");
+    let cases: Vec<(String, Vec<String>, &str)> = vec![
+        (
+            "unknown image".into(),
+            vec![format!("--container-image={registry}/no-such-image:latest")],
+            "not found",
+        ),
+        (
+            "unreachable registry".into(),
+            vec!["--container-image=127.0.0.1:9/busybox:latest".into()],
+            "reach",
+        ),
+        (
+            "missing mount source".into(),
+            vec![
+                format!("--container-image={registry}/busybox:latest"),
+                format!("--container-mounts={work}/does-not-exist:/data"),
+            ],
+            "does-not-exist",
+        ),
+    ];
+    for (what, options, expected) in cases {
+        let mut args: Vec<&str> = options.iter().map(String::as_str).collect();
+        args.push("true");
+        let run = cluster.srun(Submitter::User, &args).failed();
+        assert!(
+            run.stderr.contains(expected),
+            "{what}: expected '{expected}' in srun's output:\n{}",
+            run.stderr
+        );
+        cluster.assert_nodes_healthy();
+    }
+}

@@ -1,0 +1,74 @@
+//! After steps end (normally, with an error, or cancelled), nothing berth made
+//! is left on the nodes: no mount, no loop device, no helper process.
+//! tests/run.sh runs this binary alone, after the others, so that no other
+//! container is alive while it looks.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{berth_leftovers, wait_for, Cluster, Submitter};
+
+#[test]
+fn nothing_is_left_after_steps_end() {
+    let Some(cluster) = Cluster::get() else {
+        return;
+    };
+    let image = cluster.image("busybox:latest");
+    let image_opt = format!("--container-image={image}");
+    // A normal step, a failing command, a step whose setup fails.
+    cluster
+        .srun(Submitter::User, &["-N2", &image_opt, "true"])
+        .ok();
+    cluster
+        .srun(Submitter::User, &["-N2", &image_opt, "false"])
+        .failed();
+    cluster
+        .srun(
+            Submitter::User,
+            &[&image_opt, "--container-workdir=/does/not/exist", "true"],
+        )
+        .failed();
+    // A cancelled step: a long sleep, cancelled once it runs.
+    let work = cluster.var("BERTH_TEST_WORKDIR");
+    let out = format!("{work}/leftover-{}.out", std::process::id());
+    let submitted = cluster
+        .slurm(
+            Submitter::User,
+            "sbatch",
+            &[
+                "--parsable",
+                "-N2",
+                &format!("--output={out}"),
+                "--wrap",
+                &format!("srun -N2 {image_opt} sleep 300"),
+            ],
+        )
+        .ok();
+    let job = submitted.stdout.trim().to_string();
+    assert!(
+        wait_for(Duration::from_secs(60), || cluster
+            .slurm(
+                Submitter::Root,
+                "squeue",
+                &["-h", "-s", "-j", &job, "-o", "%i"]
+            )
+            .stdout
+            .lines()
+            .any(|l| l.trim().ends_with(".0"))),
+        "step of job {job} never started"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    cluster.slurm(Submitter::Root, "scancel", &[&job]).ok();
+    assert!(
+        wait_for(Duration::from_secs(60), || cluster
+            .slurm(Submitter::Root, "squeue", &["-h", "-j", &job])
+            .stdout
+            .trim()
+            .is_empty()),
+        "job {job} did not end after scancel"
+    );
+    let clean = wait_for(Duration::from_secs(30), || berth_leftovers().is_empty());
+    assert!(clean, "left behind:\n{}", berth_leftovers().join("\n"));
+    cluster.assert_nodes_healthy();
+}

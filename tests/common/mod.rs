@@ -1,0 +1,275 @@
+//! Shared helpers for the integration tests that drive the real test cluster
+//! (tests/harness): srun/sbatch as root or as the ordinary test user, the
+//! registry's address, node state and leftover checks.
+//!
+//! The cluster's environment file is named by `BERTH_TEST_ENV` (tests/run.sh
+//! sets it). Without it the cluster tests print why and pass vacuously, so a
+//! plain `cargo test` stays fast; tests/run.sh sets `BERTH_REQUIRE_CLUSTER=1`,
+//! which turns a missing cluster into a failure.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+/// The ordinary user the harness creates.
+pub const TEST_USER: &str = "berthuser";
+
+/// Who submits a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Submitter {
+    /// root
+    Root,
+    /// the ordinary test user
+    User,
+}
+
+/// Both submitters, for tests that must pass for each.
+pub const BOTH: [Submitter; 2] = [Submitter::Root, Submitter::User];
+
+/// The running test cluster.
+pub struct Cluster {
+    env: HashMap<String, String>,
+}
+
+/// What a finished command printed.
+pub struct Run {
+    /// Exit code (-1 when killed).
+    pub code: i32,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+impl Run {
+    fn from(output: Output) -> Run {
+        Run {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    /// Panics with the whole output unless the command succeeded.
+    pub fn ok(self) -> Run {
+        assert_eq!(
+            self.code, 0,
+            "command failed\n--- stdout\n{}\n--- stderr\n{}",
+            self.stdout, self.stderr
+        );
+        self
+    }
+
+    /// Panics unless the command failed.
+    pub fn failed(self) -> Run {
+        assert_ne!(
+            self.code, 0,
+            "command should have failed\n--- stdout\n{}\n--- stderr\n{}",
+            self.stdout, self.stderr
+        );
+        self
+    }
+}
+
+impl Cluster {
+    /// The cluster, or `None` (with a printed reason) when none is configured.
+    pub fn get() -> Option<Cluster> {
+        let Ok(path) = std::env::var("BERTH_TEST_ENV") else {
+            if std::env::var("BERTH_REQUIRE_CLUSTER").is_ok() {
+                panic!("BERTH_REQUIRE_CLUSTER is set but BERTH_TEST_ENV is not");
+            }
+            eprintln!("skipped: no test cluster (run tests/run.sh, or set BERTH_TEST_ENV)");
+            return None;
+        };
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("cannot read cluster env file {path}: {e}"));
+        let env = text
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("export "))
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    v.trim_matches(|c| c == '"' || c == '\'').to_string(),
+                )
+            })
+            .collect();
+        Some(Cluster { env })
+    }
+
+    /// A variable of the cluster's env file.
+    pub fn var(&self, name: &str) -> String {
+        self.env
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| panic!("cluster env file has no {name}"))
+    }
+
+    /// The anonymous registry, `host:port`.
+    pub fn registry(&self) -> String {
+        self.var("BERTH_TEST_REGISTRY")
+    }
+
+    /// A test image in the anonymous registry, docker style.
+    pub fn image(&self, name: &str) -> String {
+        format!("{}/{name}", self.registry())
+    }
+
+    /// Runs a Slurm client command (srun, sbatch, ...) as `who` in the work dir.
+    pub fn slurm(&self, who: Submitter, program: &str, args: &[&str]) -> Run {
+        self.slurm_env(who, program, args, &[])
+    }
+
+    /// Like `slurm`, with extra environment variables.
+    pub fn slurm_env(
+        &self,
+        who: Submitter,
+        program: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Run {
+        let mut command = match who {
+            Submitter::Root => Command::new("timeout"),
+            Submitter::User => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", TEST_USER, "--", "timeout"]);
+                c
+            }
+        };
+        command
+            .arg("300")
+            .arg(program)
+            .args(args)
+            .current_dir(self.var("BERTH_TEST_WORKDIR"))
+            .env("SLURM_CONF", self.var("SLURM_CONF"))
+            .env_remove("SLURM_JOB_ID")
+            .env_remove("SLURM_JOBID");
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        Run::from(
+            command
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run {program}: {e}")),
+        )
+    }
+
+    /// `srun ARGS` as `who`.
+    pub fn srun(&self, who: Submitter, args: &[&str]) -> Run {
+        self.slurm(who, "srun", args)
+    }
+
+    /// Node states as `name state` lines from sinfo.
+    pub fn node_states(&self) -> Vec<(String, String)> {
+        let run = self
+            .slurm(Submitter::Root, "sinfo", &["-h", "-N", "-o", "%N %T"])
+            .ok();
+        run.stdout
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .map(|(n, s)| (n.to_string(), s.to_string()))
+            .collect()
+    }
+
+    /// Asserts no node is drained, down or failing.
+    pub fn assert_nodes_healthy(&self) {
+        for (node, state) in self.node_states() {
+            assert!(
+                !["drain", "down", "fail", "not_responding"]
+                    .iter()
+                    .any(|bad| state.contains(bad)),
+                "node {node} is {state}"
+            );
+        }
+    }
+
+    /// Highest job id slurmctld has handed out so far (0 when none).
+    pub fn last_job_id(&self) -> u64 {
+        let run = self.slurm(Submitter::Root, "squeue", &["-h", "-t", "all", "-o", "%i"]);
+        let queued = run
+            .stdout
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .max()
+            .unwrap_or(0);
+        let run = self.slurm(Submitter::Root, "scontrol", &["show", "jobs", "-o"]);
+        let shown = run
+            .stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("JobId="))
+            .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+            .max()
+            .unwrap_or(0);
+        queued.max(shown)
+    }
+
+    /// Number of GET requests for blobs of `repository` in the registry log.
+    pub fn registry_blob_gets(&self, repository: &str) -> usize {
+        let log = std::fs::read_to_string(self.var("BERTH_TEST_REGISTRY_LOG")).unwrap_or_default();
+        let needle = format!("/v2/{repository}/blobs/sha256:");
+        log.lines()
+            .filter(|l| l.contains(&needle) && l.contains("\"GET "))
+            .count()
+    }
+}
+
+/// Lines of `findmnt`/`losetup` output that belong to berth, anywhere on the host
+/// and in every node's mount namespace.
+pub fn berth_leftovers() -> Vec<String> {
+    let mut found = Vec::new();
+    let losetup = Command::new("losetup").arg("-a").output().expect("losetup");
+    for line in String::from_utf8_lossy(&losetup.stdout).lines() {
+        if line.contains("berth") || line.contains(".sqfs") {
+            found.push(format!("loop device: {line}"));
+        }
+    }
+    // Every mount namespace of every process: includes the slurmd nodes'.
+    let mut seen = std::collections::HashSet::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/mnt")) else {
+            continue;
+        };
+        if !seen.insert(ns) {
+            continue;
+        }
+        let Ok(mounts) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) else {
+            continue;
+        };
+        for line in mounts.lines() {
+            if line.contains("/run/berth")
+                || line.contains(" squashfs ")
+                || line.contains("squashfuse")
+            {
+                found.push(format!("mount (pid {pid}): {line}"));
+            }
+        }
+    }
+    let ps = Command::new("ps")
+        .args(["-eo", "pid,args"])
+        .output()
+        .expect("ps");
+    for line in String::from_utf8_lossy(&ps.stdout).lines() {
+        if line.contains("berth __holder") || line.contains("squashfuse") {
+            found.push(format!("process: {line}"));
+        }
+    }
+    found
+}
+
+/// Waits until `check` holds or `timeout` passes; returns whether it held.
+pub fn wait_for(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    check()
+}

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Usage: sudo tests/run.sh
+#
+# berth's test command (README, .ci/run). On a fresh Debian 12 machine it:
+#   1. installs what is missing (tests/harness/install-deps.sh),
+#   2. builds berth and installs it under a private prefix,
+#   3. starts a registry and a two-node Slurm cluster of its own
+#      (tests/harness; names from BERTH_TEST_NAME, default berthtest-ci),
+#      builds the test images (cached between runs) and pushes them,
+#   4. runs the unit tests, then the integration tests against the cluster
+#      (srun/sbatch as root and as the ordinary user berthuser), then the
+#      leftover check alone,
+#   5. tears the cluster and registry down, whatever happened.
+#
+# Environment: BERTH_TEST_NAME, BERTH_TEST_NODES (see tests/harness/lib.sh),
+# BERTH_KEEP_CLUSTER=1 to leave the cluster running for debugging.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO"
+export BERTH_TEST_NAME=${BERTH_TEST_NAME:-berthtest-ci}
+# Built test images are cached here between runs (shared with demo.sh).
+export BERTH_TEST_CACHE_DIR=${BERTH_TEST_CACHE_DIR:-/var/cache/berth-test}
+# Tests must not pick up a cluster configuration from the caller.
+unset SLURM_CONF SLURM_JOB_ID SLURM_JOBID
+
+log() { printf '[tests] %s\n' "$*"; }
+[[ $(id -u) -eq 0 ]] || { echo "tests/run.sh must run as root (it starts a Slurm cluster)" >&2; exit 1; }
+
+t0=$SECONDS
+tests/harness/install-deps.sh
+source tests/harness/rust-env.sh
+
+STATE=/var/lib/$BERTH_TEST_NAME
+PREFIX=$STATE/prefix
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target}
+
+log "building and installing berth under $PREFIX"
+make install PREFIX="$PREFIX" TARGET_DIR="$CARGO_TARGET_DIR"
+
+teardown() {
+    local rc=$?
+    if [[ ${BERTH_KEEP_CLUSTER:-0} == 1 ]]; then
+        log "leaving the cluster running (BERTH_KEEP_CLUSTER=1); stop it with:"
+        log "  BERTH_TEST_NAME=$BERTH_TEST_NAME tests/harness/cluster.sh down; BERTH_TEST_NAME=$BERTH_TEST_NAME tests/harness/registry.sh down"
+    else
+        tests/harness/cluster.sh down >/dev/null 2>&1 || true
+        tests/harness/registry.sh down >/dev/null 2>&1 || true
+    fi
+    log "finished in $((SECONDS - t0))s (exit $rc)"
+}
+trap teardown EXIT
+
+tests/harness/registry.sh up
+source tests/harness/lib.sh >/dev/null
+# One store per node (%n), as on a real cluster with node-local NVMe.
+export BERTH_PLUGSTACK_LINE="required $PREFIX/lib/slurm/spank_berth.so helper_path=$PREFIX/bin/berth store_path=$STATE/nodes/%n/berth-store runtime_path=/run/$BERTH_TEST_NAME/berth insecure_registries=$REGISTRY_ADDR,$TOKEN_REGISTRY_ADDR"
+tests/harness/cluster.sh up
+tests/harness/images.sh build
+tests/harness/images.sh push
+
+export BERTH_TEST_ENV=/run/$BERTH_TEST_NAME/env
+export BERTH_REQUIRE_CLUSTER=1
+log "unit and integration tests"
+cargo test --release --locked --lib --bins --test cli --test cluster -- --test-threads=2
+log "leftover check (alone, after every other test)"
+cargo test --release --locked --test cluster_leftovers
