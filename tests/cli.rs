@@ -165,3 +165,128 @@ fn errors_name_the_image() {
         run.stderr
     );
 }
+
+/// Docker schema 2, OCI manifest and OCI index forms of one image all pull.
+#[test]
+fn manifest_kinds_pull() {
+    let Some(cluster) = Cluster::get() else {
+        return;
+    };
+    let registry = cluster.registry();
+    let base = tempfile::tempdir_in("/var/tmp").unwrap();
+    let store = base.path().to_str().unwrap();
+    for tag in ["latest", "v2s2", "index"] {
+        let image = format!("{registry}/busybox:{tag}");
+        let run = run_berth(
+            false,
+            &[
+                "run",
+                "--store",
+                store,
+                "--insecure-registry",
+                &registry,
+                &image,
+                "--",
+                "cat",
+                "/etc/os-release",
+            ],
+        )
+        .ok();
+        assert!(
+            run.stdout.contains("ID=berth-busybox"),
+            "{tag}: {}",
+            run.stdout
+        );
+    }
+}
+
+/// The bearer-token registry: anonymous tokens for public images, the
+/// enroot credentials file for private ones, a clear refusal without it.
+#[test]
+fn bearer_token_registry() {
+    let Some(cluster) = Cluster::get() else {
+        return;
+    };
+    let registry = cluster.var("BERTH_TEST_TOKEN_REGISTRY");
+    let base = tempfile::tempdir_in("/var/tmp").unwrap();
+    let store = base.path().join("store");
+    let store = store.to_str().unwrap();
+    let config = base.path().join("enroot");
+    std::fs::create_dir(&config).unwrap();
+    let host = registry.split(':').next().unwrap();
+
+    let public = format!("{registry}/public/busybox:latest");
+    run_berth(
+        false,
+        &[
+            "pull",
+            "--store",
+            store,
+            "--insecure-registry",
+            &registry,
+            &public,
+        ],
+    )
+    .ok();
+
+    let private = format!("{registry}/private/busybox:latest");
+    let denied = Command::new(berth())
+        .args([
+            "pull",
+            "--store",
+            store,
+            "--insecure-registry",
+            &registry,
+            &private,
+        ])
+        .env("ENROOT_CONFIG_PATH", &config)
+        .output()
+        .unwrap();
+    assert!(!denied.status.success());
+    let stderr = String::from_utf8_lossy(&denied.stderr);
+    assert!(
+        stderr.contains("denied") || stderr.contains("credentials"),
+        "{stderr}"
+    );
+
+    std::fs::write(
+        config.join(".credentials"),
+        format!("machine {host} login berth password berthpass\n"),
+    )
+    .unwrap();
+    let allowed = Command::new(berth())
+        .args([
+            "pull",
+            "--store",
+            store,
+            "--insecure-registry",
+            &registry,
+            &private,
+        ])
+        .env("ENROOT_CONFIG_PATH", &config)
+        .output()
+        .unwrap();
+    assert!(
+        allowed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&allowed.stderr)
+    );
+    assert!(
+        !String::from_utf8_lossy(&allowed.stderr).contains("berthpass"),
+        "password in output"
+    );
+}
+
+/// Plain HTTP only for registries the admin lists as insecure.
+#[test]
+fn plain_http_needs_the_insecure_list() {
+    let Some(cluster) = Cluster::get() else {
+        return;
+    };
+    let registry = cluster.registry();
+    let base = tempfile::tempdir_in("/var/tmp").unwrap();
+    let store = base.path().to_str().unwrap();
+    let image = format!("{registry}/busybox:latest");
+    let run = run_berth(false, &["pull", "--store", store, &image]).failed();
+    assert!(run.stderr.contains(&registry), "{}", run.stderr);
+}

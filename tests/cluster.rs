@@ -261,39 +261,33 @@ fn second_use_downloads_nothing() {
 #[test]
 fn bad_options_fail_before_allocation() {
     let cluster = cluster_or_skip!();
-    let cases: &[(&str, &str)] = &[
-        ("--container-image=Not A/Valid:Ref", "--container-image"),
-        ("--container-image=ubuntu:-bad", "--container-image"),
-        ("--container-mounts=relative/src:/dst", "--container-mounts"),
-        ("--container-workdir=relative", "--container-workdir"),
+    let image = format!("--container-image={}", cluster.image("busybox:latest"));
+    let cases: &[(&[&str], &str)] = &[
+        (&["--container-image=Not A/Valid:Ref"], "--container-image"),
+        (&["--container-image=ubuntu:-bad"], "--container-image"),
+        (
+            &[&image, "--container-mounts=relative/src:/dst"],
+            "--container-mounts",
+        ),
+        (
+            &[&image, "--container-workdir=relative"],
+            "--container-workdir",
+        ),
+        (&["--container-workdir=/tmp"], "without --container-image"),
     ];
-    for (option, name) in cases {
-        let before = cluster.last_job_id();
-        let image = format!("--container-image={}", cluster.image("busybox:latest"));
-        let args: Vec<&str> = if option.starts_with("--container-image") {
-            vec![option, "true"]
-        } else {
-            vec![&image, option, "true"]
-        };
+    for (i, (options, expected)) in cases.iter().enumerate() {
+        let name = format!("berth-badopt-{}-{i}", std::process::id());
+        let job_name = format!("--job-name={name}");
+        let mut args: Vec<&str> = vec![&job_name];
+        args.extend_from_slice(options);
+        args.push("true");
         let run = cluster.srun(Submitter::User, &args).failed();
-        assert!(run.stderr.contains(name), "{option}: {}", run.stderr);
-        assert_eq!(
-            cluster.last_job_id(),
-            before,
-            "{option}: a job was allocated"
+        assert!(run.stderr.contains(expected), "{options:?}: {}", run.stderr);
+        assert!(
+            !cluster.job_exists(&name),
+            "{options:?}: a job was allocated"
         );
     }
-    // Options without an image.
-    let before = cluster.last_job_id();
-    let run = cluster
-        .srun(Submitter::User, &["--container-workdir=/tmp", "true"])
-        .failed();
-    assert!(
-        run.stderr.contains("without --container-image"),
-        "{}",
-        run.stderr
-    );
-    assert_eq!(cluster.last_job_id(), before, "a job was allocated");
 }
 
 #[test]
@@ -332,4 +326,110 @@ fn runtime_errors_are_clear_and_leave_nodes_healthy() {
         );
         cluster.assert_nodes_healthy();
     }
+}
+
+#[test]
+fn srun_help_lists_the_options() {
+    let cluster = cluster_or_skip!();
+    let run = cluster.srun(Submitter::User, &["--help"]).ok();
+    for option in [
+        "--container-image",
+        "--container-mounts",
+        "--container-workdir",
+    ] {
+        assert!(
+            run.stdout.contains(option),
+            "srun --help lacks {option}:\n{}",
+            run.stdout
+        );
+    }
+}
+
+/// A copy of the plugin claiming another Slurm release must be refused by
+/// Slurm's own version check, with its message, and not crash srun.
+#[test]
+fn plugin_built_for_another_release_is_refused() {
+    let cluster = cluster_or_skip!();
+    let plugin = format!(
+        "{}/prefix/lib/slurm/spank_berth.so",
+        cluster.var("BERTH_TEST_STATE_DIR")
+    );
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let patched = dir.path().join("spank_berth.so");
+    let mut bytes = std::fs::read(&plugin).unwrap();
+    let offset = symbol_file_offset(&plugin, &bytes, "plugin_version");
+    let current = u32::from_le_bytes(bytes[offset..offset + 4].try_into().unwrap());
+    // Slurm encodes releases as 0xMMmmuu: claim the release two majors back.
+    let other = current - 0x020000;
+    bytes[offset..offset + 4].copy_from_slice(&other.to_le_bytes());
+    std::fs::write(&patched, &bytes).unwrap();
+
+    let plugstack = dir.path().join("plugstack.conf");
+    std::fs::write(&plugstack, format!("required {}\n", patched.display())).unwrap();
+    let conf = std::fs::read_to_string(cluster.var("SLURM_CONF")).unwrap();
+    let conf: String = conf
+        .lines()
+        .filter(|l| {
+            !l.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("plugstackconfig")
+        })
+        .map(|l| format!("{l}\n"))
+        .collect::<String>()
+        + &format!("PlugStackConfig={}\n", plugstack.display());
+    let slurm_conf = dir.path().join("slurm.conf");
+    std::fs::write(&slurm_conf, conf).unwrap();
+    for path in [dir.path(), &patched, &plugstack, &slurm_conf] {
+        let mode = if path.is_dir() { 0o755 } else { 0o644 };
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+    }
+
+    let run = cluster
+        .slurm_env(
+            Submitter::User,
+            "srun",
+            &["-N1", "true"],
+            &[("SLURM_CONF", slurm_conf.to_str().unwrap())],
+        )
+        .failed();
+    assert!(
+        run.code > 0 && run.code < 128,
+        "srun crashed: exit {}\n{}",
+        run.code,
+        run.stderr
+    );
+    assert!(
+        run.stderr.to_lowercase().contains("version"),
+        "expected Slurm's version message:\n{}",
+        run.stderr
+    );
+}
+
+/// File offset of a dynamic symbol's data in an ELF64 shared object.
+fn symbol_file_offset(path: &str, elf: &[u8], symbol: &str) -> usize {
+    let nm = std::process::Command::new("nm")
+        .args(["-D", "--defined-only", path])
+        .output()
+        .unwrap();
+    let address = String::from_utf8_lossy(&nm.stdout)
+        .lines()
+        .find_map(|l| {
+            let mut parts = l.split_whitespace();
+            let addr = parts.next()?;
+            let _kind = parts.next()?;
+            (parts.next()? == symbol).then(|| u64::from_str_radix(addr, 16).unwrap())
+        })
+        .unwrap_or_else(|| panic!("{symbol} not exported by {path}"));
+    let u16_at = |o: usize| u16::from_le_bytes(elf[o..o + 2].try_into().unwrap()) as usize;
+    let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap());
+    let (phoff, phentsize, phnum) = (u64_at(0x20) as usize, u16_at(0x36), u16_at(0x38));
+    for i in 0..phnum {
+        let ph = phoff + i * phentsize;
+        let kind = u32::from_le_bytes(elf[ph..ph + 4].try_into().unwrap());
+        let (offset, vaddr, filesz) = (u64_at(ph + 8), u64_at(ph + 16), u64_at(ph + 32));
+        if kind == 1 && (vaddr..vaddr + filesz).contains(&address) {
+            return (offset + address - vaddr) as usize;
+        }
+    }
+    panic!("{symbol} at {address:#x} is in no loadable segment of {path}");
 }

@@ -62,6 +62,8 @@ tests/harness/images.sh push
 export BERTH_TEST_ENV=/run/$BERTH_TEST_NAME/env
 export BERTH_REQUIRE_CLUSTER=1
 log "unit and integration tests"
-cargo test --release --locked --lib --bins --test cli --test cluster -- --test-threads=2
+cargo build --release --locked --examples
+cargo test --release --locked --no-fail-fast --lib --bins --test container_runtime --test container_join \
+    --test cli --test cluster -- --test-threads=2
 log "leftover check (alone, after every other test)"
 cargo test --release --locked --test cluster_leftovers

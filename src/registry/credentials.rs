@@ -141,10 +141,16 @@ impl EnrootCredentials {
 impl Credentials for EnrootCredentials {
     fn lookup(&self, host: &str, user: Option<&str>) -> Option<Credential> {
         let user_ok = |e: &&Entry| user.map_or(true, |u| e.credential.login == u);
-        self.entries
-            .iter()
-            .filter(user_ok)
-            .find(|e| e.machine.as_deref() == Some(host))
+        // Like curl's netrc, a `machine` without a port matches every port.
+        let host_only = host.rsplit_once(':').map_or(host, |(h, _)| h);
+        let find = |name: &str| {
+            self.entries
+                .iter()
+                .filter(user_ok)
+                .find(|e| e.machine.as_deref() == Some(name))
+        };
+        find(host)
+            .or_else(|| find(host_only))
             .or_else(|| {
                 self.entries
                     .iter()
@@ -281,6 +287,11 @@ machine localhost:5000
         assert_eq!(c.lookup("localhost:5000", None).unwrap().login, "carol");
         assert!(c.lookup("localhost", None).is_none());
         assert!(c.lookup("example.com", None).is_none());
+        // A machine without a port matches the host on any port, as in curl.
+        assert_eq!(
+            c.lookup("nvcr.io:443", None).unwrap().password,
+            "nvapi-SECRET"
+        );
     }
 
     #[test]

@@ -24,6 +24,12 @@ use crate::store::StoredImage;
 /// The container of this step on this node, created in `user_init`.
 static CONTAINER: Mutex<Option<Container>> = Mutex::new(None);
 
+/// Why `user_init` could not make the container. Slurm 22.05's srun exits 0
+/// when `user_init` fails (the launch fails, no task runs), so the failure is
+/// reported there and raised again in each task's `task_init`, which makes
+/// the tasks (and so srun) fail with a non-zero exit code.
+static SETUP_FAILED: Mutex<bool> = Mutex::new(false);
+
 /// Environment variables whose folders the PMIx and PMI2 clients need to see.
 const PMI_DIR_VARIABLES: &[&str] = &[
     "PMIX_SERVER_TMPDIR",
@@ -47,8 +53,17 @@ pub fn init_post_opt(_spank: &Spank) -> Result<(), String> {
     super::local::check_options(&options::current())
 }
 
-/// Pulls the image and creates the container for this step on this node.
+/// Pulls the image and creates the container for this step on this node. A
+/// failure is logged (srun shows it) and failed again in every task.
 pub fn user_init(spank: &Spank, config: &Config) -> Result<(), String> {
+    if let Err(message) = create_container(spank, config) {
+        handle::log_error(&message);
+        *SETUP_FAILED.lock().unwrap_or_else(|p| p.into_inner()) = true;
+    }
+    Ok(())
+}
+
+fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
     let options = options::current();
     if !wants_container(spank, &options)? {
         return Ok(());
@@ -103,6 +118,9 @@ pub fn user_init(spank: &Spank, config: &Config) -> Result<(), String> {
 
 /// Joins the calling task to the step's container and applies the image env.
 pub fn task_init(spank: &Spank) -> Result<(), String> {
+    if *SETUP_FAILED.lock().unwrap_or_else(|p| p.into_inner()) {
+        return Err("the container could not be set up on this node (see the error above)".into());
+    }
     let guard = CONTAINER.lock().unwrap_or_else(|p| p.into_inner());
     let Some(container) = guard.as_ref() else {
         return Ok(());
@@ -165,8 +183,9 @@ fn pull(config: &Config, store: &Path, image: &str) -> Result<StoredImage, Strin
     })?;
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
+        // The helper's message already names the image and what to do.
         let message = stderr.trim().trim_start_matches("error: ");
-        return Err(format!("cannot pull image '{image}': {message}"));
+        return Err(message.to_string());
     }
     serde_json::from_slice(&output.stdout)
         .map_err(|e| format!("the berth helper gave an unreadable answer for '{image}': {e}"))

@@ -185,24 +185,12 @@ impl Cluster {
         }
     }
 
-    /// Highest job id slurmctld has handed out so far (0 when none).
-    pub fn last_job_id(&self) -> u64 {
-        let run = self.slurm(Submitter::Root, "squeue", &["-h", "-t", "all", "-o", "%i"]);
-        let queued = run
-            .stdout
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .max()
-            .unwrap_or(0);
+    /// Whether slurmctld knows a job (pending, running or recently ended) by this name.
+    pub fn job_exists(&self, name: &str) -> bool {
         let run = self.slurm(Submitter::Root, "scontrol", &["show", "jobs", "-o"]);
-        let shown = run
-            .stdout
+        run.stdout
             .lines()
-            .filter_map(|l| l.strip_prefix("JobId="))
-            .filter_map(|l| l.split_whitespace().next()?.parse().ok())
-            .max()
-            .unwrap_or(0);
-        queued.max(shown)
+            .any(|l| l.split_whitespace().any(|f| f == format!("JobName={name}")))
     }
 
     /// Number of GET requests for blobs of `repository` in the registry log.

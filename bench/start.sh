@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Usage: sudo bench/start.sh [RUNS]
+#
+# Start cost of a containerized step against a bare one, on the local test
+# cluster, in one run: RUNS (default 10) warm `srun -n1 --container-image=IMG true`
+# and RUNS bare `srun -n1 true`, interleaved, as the ordinary test user.
+# Prints each median and the ratio container/bare. The image is pulled once
+# before timing (the warm case is what every step after the first sees).
+#
+# Uses the cluster named by BERTH_TEST_ENV (an env file from
+# tests/harness/cluster.sh) when set; otherwise builds berth, starts its own
+# registry and cluster (BERTH_TEST_NAME=berthbench, slot 2) and tears them down.
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO"
+RUNS=${1:-10}
+[[ $(id -u) -eq 0 ]] || { echo "bench/start.sh must run as root" >&2; exit 1; }
+unset SLURM_CONF SLURM_JOB_ID SLURM_JOBID
+
+own_cluster=0
+if [[ -z ${BERTH_TEST_ENV:-} ]]; then
+    own_cluster=1
+    export BERTH_TEST_NAME=berthbench BERTH_TEST_SLOT=2
+    export BERTH_TEST_CACHE_DIR=${BERTH_TEST_CACHE_DIR:-/var/cache/berth-test}
+    tests/harness/install-deps.sh >/dev/null
+    source tests/harness/rust-env.sh
+    PREFIX=/var/lib/$BERTH_TEST_NAME/prefix
+    make install PREFIX="$PREFIX" >/dev/null
+    trap 'tests/harness/cluster.sh down >/dev/null 2>&1; tests/harness/registry.sh down >/dev/null 2>&1' EXIT
+    tests/harness/registry.sh up >/dev/null
+    source tests/harness/lib.sh >/dev/null
+    export BERTH_PLUGSTACK_LINE="required $PREFIX/lib/slurm/spank_berth.so helper_path=$PREFIX/bin/berth store_path=/var/lib/$BERTH_TEST_NAME/nodes/%n/berth-store insecure_registries=$REGISTRY_ADDR"
+    tests/harness/cluster.sh up >/dev/null
+    tests/harness/images.sh push busybox >/dev/null
+    BERTH_TEST_ENV=/run/$BERTH_TEST_NAME/env
+fi
+source "$BERTH_TEST_ENV"
+cd "$BERTH_TEST_WORKDIR"
+IMAGE=$BERTH_TEST_REGISTRY/busybox:latest
+as_user() { runuser -u berthuser -- "$@"; }
+
+as_user srun -n1 "--container-image=$IMAGE" true   # pull once
+
+ms() { local t0 t1; t0=$(date +%s%N); "$@" >/dev/null; t1=$(date +%s%N); echo $(((t1 - t0) / 1000000)); }
+median() { sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+bare=() container=()
+for ((i = 0; i < RUNS; i++)); do
+    bare+=("$(ms as_user srun -n1 true)")
+    container+=("$(ms as_user srun -n1 "--container-image=$IMAGE" true)")
+done
+mb=$(printf '%s\n' "${bare[@]}" | median)
+mc=$(printf '%s\n' "${container[@]}" | median)
+echo "bare srun -n1 true:                     median ${mb} ms  (runs: ${bare[*]})"
+echo "srun -n1 --container-image=... true:    median ${mc} ms  (runs: ${container[*]})"
+awk -v c="$mc" -v b="$mb" 'BEGIN {printf "ratio container/bare: %.2f  (container setup adds %d ms)\n", c / b, c - b}'
