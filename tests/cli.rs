@@ -7,8 +7,11 @@ use std::process::Command;
 
 use common::{Cluster, Run, TEST_USER};
 
+/// The berth binary, where the ordinary test user can run it too.
 fn berth() -> String {
-    env!("CARGO_BIN_EXE_berth").to_string()
+    common::world_readable_copy(std::path::Path::new(env!("CARGO_BIN_EXE_berth")))
+        .to_string_lossy()
+        .into_owned()
 }
 
 fn run_berth(as_user: bool, args: &[&str]) -> Run {

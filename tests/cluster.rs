@@ -27,7 +27,10 @@ fn tasks_see_the_image_and_run_as_the_user() {
                     &format!("--container-image={image}"),
                     "sh",
                     "-c",
-                    "cat /etc/os-release; id; whoami; echo env=$BERTH_TEST_ENV; pwd",
+                    "cat /etc/os-release; id; whoami; echo env=$BERTH_TEST_ENV; pwd; \
+                     test -r /proc/self/status && test -d /sys/kernel && test -d /dev/shm \
+                     && test -c /dev/null && test -s /etc/hosts && test -e /etc/resolv.conf \
+                     && echo system-mounts-ok",
                 ],
             )
             .ok();

@@ -58,7 +58,11 @@ fn nothing_is_left_after_steps_end() {
             .any(|l| l.trim().ends_with(".0"))),
         "step of job {job} never started"
     );
-    std::thread::sleep(Duration::from_secs(2));
+    // While the step runs, the detector sees its container (so it can fail).
+    assert!(
+        wait_for(Duration::from_secs(30), || !berth_leftovers().is_empty()),
+        "no container of job {job} visible while its step runs"
+    );
     cluster.slurm(Submitter::Root, "scancel", &[&job]).ok();
     assert!(
         wait_for(Duration::from_secs(60), || cluster

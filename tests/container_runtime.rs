@@ -7,6 +7,8 @@
 //! `mksquashfs`, `findmnt`, `losetup`, and for the unprivileged test
 //! `squashfuse` and `fuse-overlayfs`; each test says why when it skips.
 
+mod common;
+
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -64,7 +66,7 @@ fn which(tool: &str) -> Option<PathBuf> {
 }
 
 /// `target/<profile>/examples/<name>`, next to this test's `deps` directory.
-fn example(name: &str) -> PathBuf {
+fn built_example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     exe.parent()
         .unwrap()
@@ -72,6 +74,17 @@ fn example(name: &str) -> PathBuf {
         .unwrap()
         .join("examples")
         .join(name)
+}
+
+/// The example, copied with its `holder` sibling to a folder the ordinary test
+/// user can read (the checkout may be private); the built path when not built.
+fn example(name: &str) -> PathBuf {
+    let built = built_example(name);
+    if !built.exists() || !built_example("holder").exists() {
+        return built;
+    }
+    common::world_readable_copy(&built_example("holder"));
+    common::world_readable_copy(&built)
 }
 
 fn test_user() -> UserIdentity {

@@ -107,7 +107,7 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
     let container = spawn_holder(&config.helper_path, &spec, Mode::Privileged)
         .map_err(|e| format!("cannot start the container for image '{image}': {e:#}"))?;
     *CONTAINER.lock().unwrap_or_else(|p| p.into_inner()) = Some(container);
-    handle::log_verbose(&format!(
+    handle::log_info(&format!(
         "job {job} step {step}: image {image} ({}) ready in {:.0} ms (pull/lookup {:.0} ms)",
         stored.manifest_digest.as_deref().unwrap_or("squashfs file"),
         started.elapsed().as_secs_f64() * 1e3,

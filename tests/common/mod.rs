@@ -230,10 +230,13 @@ pub fn berth_leftovers() -> Vec<String> {
             continue;
         };
         for line in mounts.lines() {
-            if line.contains("/run/berth")
-                || line.contains(" squashfs ")
+            let berth_runtime = line.contains(" /run/berth/")
+                || line.contains(" /run/berth ")
+                || line.contains("lowerdir=/run/berth/");
+            let image_fs = line.contains(" - squashfs ")
                 || line.contains("squashfuse")
-            {
+                || line.contains("fuse-overlayfs");
+            if berth_runtime || image_fs {
                 found.push(format!("mount (pid {pid}): {line}"));
             }
         }
@@ -260,4 +263,25 @@ pub fn wait_for(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(200));
     }
     check()
+}
+
+/// A copy of `binary` in a folder every user can read (`/var/tmp/berth-test-bin`),
+/// for running it as the ordinary test user: the checkout itself may sit under
+/// a private home folder.
+pub fn world_readable_copy(binary: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::path::Path::new("/var/tmp/berth-test-bin");
+    std::fs::create_dir_all(dir).expect("create /var/tmp/berth-test-bin");
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let name = binary.file_name().expect("binary has a file name");
+    let target = dir.join(name);
+    let temp = dir.join(format!(
+        ".{}.{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    std::fs::copy(binary, &temp).unwrap_or_else(|e| panic!("copy {}: {e}", binary.display()));
+    std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&temp, &target).unwrap();
+    target
 }
