@@ -5,7 +5,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{Cluster, Run, TEST_USER};
+use common::{output_of, Cluster, Run, TEST_USER};
 
 /// The berth binary, where the ordinary test user can run it too.
 fn berth() -> String {
@@ -23,7 +23,7 @@ fn run_berth(as_user: bool, args: &[&str]) -> Run {
         Command::new(berth())
     };
     command.args(args);
-    let out = command.output().expect("run berth");
+    let out = common::output_of(&mut command);
     Run {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -233,18 +233,18 @@ fn bearer_token_registry() {
     .ok();
 
     let private = format!("{registry}/private/busybox:latest");
-    let denied = Command::new(berth())
-        .args([
-            "pull",
-            "--store",
-            store,
-            "--insecure-registry",
-            &registry,
-            &private,
-        ])
-        .env("ENROOT_CONFIG_PATH", &config)
-        .output()
-        .unwrap();
+    let denied = output_of(
+        Command::new(berth())
+            .args([
+                "pull",
+                "--store",
+                store,
+                "--insecure-registry",
+                &registry,
+                &private,
+            ])
+            .env("ENROOT_CONFIG_PATH", &config),
+    );
     assert!(!denied.status.success());
     let stderr = String::from_utf8_lossy(&denied.stderr);
     assert!(
@@ -257,18 +257,18 @@ fn bearer_token_registry() {
         format!("machine {host} login berth password berthpass\n"),
     )
     .unwrap();
-    let allowed = Command::new(berth())
-        .args([
-            "pull",
-            "--store",
-            store,
-            "--insecure-registry",
-            &registry,
-            &private,
-        ])
-        .env("ENROOT_CONFIG_PATH", &config)
-        .output()
-        .unwrap();
+    let allowed = output_of(
+        Command::new(berth())
+            .args([
+                "pull",
+                "--store",
+                store,
+                "--insecure-registry",
+                &registry,
+                &private,
+            ])
+            .env("ENROOT_CONFIG_PATH", &config),
+    );
     assert!(
         allowed.status.success(),
         "{}",

@@ -156,7 +156,7 @@ fn image_config(dir: &Path) -> PathBuf {
 }
 
 fn run(command: &mut Command) -> Output {
-    let output = command.output().unwrap();
+    let output = common::output_of(command);
     eprintln!(
         "--- {command:?}\n--- stdout:\n{}--- stderr:\n{}--- {}",
         String::from_utf8_lossy(&output.stdout),

@@ -267,21 +267,48 @@ pub fn wait_for(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
 
 /// A copy of `binary` in a folder every user can read (`/var/tmp/berth-test-bin`),
 /// for running it as the ordinary test user: the checkout itself may sit under
-/// a private home folder.
+/// a private home folder. Copied once per test process.
 pub fn world_readable_copy(binary: &std::path::Path) -> std::path::PathBuf {
     use std::os::unix::fs::PermissionsExt;
-    let dir = std::path::Path::new("/var/tmp/berth-test-bin");
-    std::fs::create_dir_all(dir).expect("create /var/tmp/berth-test-bin");
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let name = binary.file_name().expect("binary has a file name");
-    let target = dir.join(name);
-    let temp = dir.join(format!(
-        ".{}.{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    std::fs::copy(binary, &temp).unwrap_or_else(|e| panic!("copy {}: {e}", binary.display()));
-    std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::rename(&temp, &target).unwrap();
+    use std::sync::Mutex;
+    static COPIED: Mutex<Vec<(std::path::PathBuf, std::path::PathBuf)>> = Mutex::new(Vec::new());
+    let mut copied = COPIED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, copy)) = copied.iter().find(|(b, _)| b == binary) {
+        return copy.clone();
+    }
+    let base = std::path::Path::new("/var/tmp/berth-test-bin");
+    std::fs::create_dir_all(base).expect("create /var/tmp/berth-test-bin");
+    std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o755)).unwrap();
+    if copied.is_empty() {
+        // Copies of test processes that have ended.
+        for entry in std::fs::read_dir(base).into_iter().flatten().flatten() {
+            let pid = entry.file_name().to_string_lossy().into_owned();
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    let dir = base.join(std::process::id().to_string());
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let target = dir.join(binary.file_name().expect("binary has a file name"));
+    std::fs::copy(binary, &target).unwrap_or_else(|e| panic!("copy {}: {e}", binary.display()));
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).unwrap();
+    copied.push((binary.to_path_buf(), target.clone()));
     target
+}
+
+/// `command.output()`, retried while the kernel answers ETXTBSY: a binary
+/// copied a moment ago may still be open for writing in a child another test
+/// thread forked during the copy (until that child execs).
+pub fn output_of(command: &mut Command) -> Output {
+    for _ in 0..50 {
+        match command.output() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            result => return result.unwrap_or_else(|e| panic!("cannot run {command:?}: {e}")),
+        }
+    }
+    panic!("{command:?}: text file busy for a second");
 }
