@@ -38,12 +38,12 @@ make install PREFIX="$PREFIX"
 cleanup() {
     if [[ $keep == 1 ]]; then
         say "cluster left running: source /run/$BERTH_TEST_NAME/env, then try srun; stop with"
-        echo "  BERTH_TEST_NAME=$BERTH_TEST_NAME tests/harness/cluster.sh down"
-        echo "  BERTH_TEST_NAME=$BERTH_TEST_NAME tests/harness/registry.sh down"
+        echo "  BERTH_TEST_NAME=$BERTH_TEST_NAME $REPO/tests/harness/cluster.sh down"
+        echo "  BERTH_TEST_NAME=$BERTH_TEST_NAME $REPO/tests/harness/registry.sh down"
     else
         say "tearing down"
-        tests/harness/cluster.sh down >/dev/null 2>&1 || true
-        tests/harness/registry.sh down >/dev/null 2>&1 || true
+        "$REPO"/tests/harness/cluster.sh down >/dev/null 2>&1 || true
+        "$REPO"/tests/harness/registry.sh down >/dev/null 2>&1 || true
     fi
 }
 trap cleanup EXIT

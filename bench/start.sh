@@ -26,7 +26,7 @@ if [[ -z ${BERTH_TEST_ENV:-} ]]; then
     source tests/harness/rust-env.sh
     PREFIX=/var/lib/$BERTH_TEST_NAME/prefix
     make install PREFIX="$PREFIX" >/dev/null
-    trap 'tests/harness/cluster.sh down >/dev/null 2>&1; tests/harness/registry.sh down >/dev/null 2>&1' EXIT
+    trap '"$REPO"/tests/harness/cluster.sh down >/dev/null 2>&1; "$REPO"/tests/harness/registry.sh down >/dev/null 2>&1' EXIT
     tests/harness/registry.sh up >/dev/null
     source tests/harness/lib.sh >/dev/null
     export BERTH_PLUGSTACK_LINE="required $PREFIX/lib/slurm/spank_berth.so helper_path=$PREFIX/bin/berth store_path=/var/lib/$BERTH_TEST_NAME/nodes/%n/berth-store insecure_registries=$REGISTRY_ADDR"

@@ -44,8 +44,8 @@ teardown() {
         log "leaving the cluster running (BERTH_KEEP_CLUSTER=1); stop it with:"
         log "  BERTH_TEST_NAME=$BERTH_TEST_NAME tests/harness/cluster.sh down; BERTH_TEST_NAME=$BERTH_TEST_NAME tests/harness/registry.sh down"
     else
-        tests/harness/cluster.sh down >/dev/null 2>&1 || true
-        tests/harness/registry.sh down >/dev/null 2>&1 || true
+        "$REPO"/tests/harness/cluster.sh down >/dev/null 2>&1 || true
+        "$REPO"/tests/harness/registry.sh down >/dev/null 2>&1 || true
     fi
     log "finished in $((SECONDS - t0))s (exit $rc)"
 }
