@@ -436,3 +436,38 @@ fn symbol_file_offset(path: &str, elf: &[u8], symbol: &str) -> usize {
     }
     panic!("{symbol} at {address:#x} is in no loadable segment of {path}");
 }
+
+/// `PYXIS_CONTAINER_*` and `BERTH_CONTAINER_*` stand in for missing options.
+#[test]
+fn environment_variables_give_options() {
+    let cluster = cluster_or_skip!();
+    let image = cluster.image("busybox:latest");
+    let run = cluster
+        .slurm_env(
+            Submitter::User,
+            "srun",
+            &["sh", "-c", "grep ^ID= /etc/os-release; pwd"],
+            &[
+                ("PYXIS_CONTAINER_IMAGE", &image),
+                ("BERTH_CONTAINER_WORKDIR", "/etc"),
+            ],
+        )
+        .ok();
+    assert!(run.stdout.contains("ID=berth-busybox"), "{}", run.stdout);
+    assert!(run.stdout.contains("/etc"), "{}", run.stdout);
+    let name = format!("berth-badenv-{}", std::process::id());
+    let run = cluster
+        .slurm_env(
+            Submitter::User,
+            "srun",
+            &[&format!("--job-name={name}"), "true"],
+            &[("BERTH_CONTAINER_IMAGE", "Bad Ref")],
+        )
+        .failed();
+    assert!(
+        run.stderr.contains("BERTH_CONTAINER_IMAGE=Bad Ref"),
+        "{}",
+        run.stderr
+    );
+    assert!(!cluster.job_exists(&name), "a job was allocated");
+}

@@ -37,6 +37,8 @@ enum OptionId {
 
 struct OptionDef {
     id: OptionId,
+    /// `IMAGE` for `PYXIS_CONTAINER_IMAGE` and `BERTH_CONTAINER_IMAGE`.
+    env_suffix: &'static str,
     name: &'static CStr,
     arginfo: &'static CStr,
     usage: &'static CStr,
@@ -45,18 +47,21 @@ struct OptionDef {
 const TABLE: &[OptionDef] = &[
     OptionDef {
         id: OptionId::Image,
+        env_suffix: "IMAGE",
         name: c"container-image",
         arginfo: c"[USER@][REGISTRY#]IMAGE[:TAG]|PATH",
         usage: c"[berth] the image to run the job's tasks in: a registry image or a squashfs file",
     },
     OptionDef {
         id: OptionId::Mounts,
+        env_suffix: "MOUNTS",
         name: c"container-mounts",
         arginfo: c"SRC:DST[:FLAGS][,SRC:DST...]",
         usage: c"[berth] bind mount[s] inside the container; flag: ro (read-only)",
     },
     OptionDef {
         id: OptionId::Workdir,
+        env_suffix: "WORKDIR",
         name: c"container-workdir",
         arginfo: c"PATH",
         usage: c"[berth] working directory inside the container",
@@ -68,6 +73,41 @@ static VALUES: Mutex<JobOptions> = Mutex::new(JobOptions {
     mounts: None,
     workdir: None,
 });
+
+/// Prefixes of the variables that stand in for options missing from the
+/// command line, in order of precedence.
+pub const ENV_PREFIXES: [&str; 2] = ["BERTH_CONTAINER_", "PYXIS_CONTAINER_"];
+
+/// Fills every option the command line did not give from the first of
+/// `BERTH_CONTAINER_<NAME>` and `PYXIS_CONTAINER_<NAME>` that `getenv` knows
+/// (srun: its own environment; slurmstepd: the job's). Empty values count as unset.
+pub fn apply_env_defaults(getenv: impl Fn(&str) -> Option<String>) -> Result<(), String> {
+    let given = current();
+    for def in TABLE {
+        let already = match def.id {
+            OptionId::Image => given.image.is_some(),
+            OptionId::Mounts => given.mounts.is_some(),
+            OptionId::Workdir => given.workdir.is_some(),
+        };
+        if already {
+            continue;
+        }
+        let found = ENV_PREFIXES.iter().find_map(|prefix| {
+            let variable = format!("{prefix}{}", def.env_suffix);
+            getenv(&variable)
+                .filter(|v| !v.is_empty())
+                .map(|v| (variable, v))
+        });
+        let Some((variable, value)) = found else {
+            continue;
+        };
+        let name = def.name.to_string_lossy();
+        check_value(&name, &value)
+            .map_err(|reason| format!("{variable}={value} (stands for --{name}): {reason}"))?;
+        store(def.id, value);
+    }
+    Ok(())
+}
 
 /// The option values given so far.
 pub fn current() -> JobOptions {
@@ -92,7 +132,12 @@ pub fn register_all(spank: &Spank) -> Result<(), SpankError> {
 
 /// Checks one option value; the error names the option and the bad value.
 pub fn validate(name: &str, value: &str) -> Result<(), String> {
-    let result = match name {
+    check_value(name, value).map_err(|reason| format!("--{name}={value}: {reason}"))
+}
+
+/// Checks one option value; the error says what is wrong with it.
+fn check_value(name: &str, value: &str) -> Result<(), String> {
+    match name {
         "container-image" => ImageSource::parse(value)
             .map(|_| ())
             .map_err(|e| e.to_string()),
@@ -107,8 +152,7 @@ pub fn validate(name: &str, value: &str) -> Result<(), String> {
             }
         }
         _ => Err("unknown option".to_string()),
-    };
-    result.map_err(|e| format!("--{name}={value}: {e}"))
+    }
 }
 
 fn store(id: OptionId, value: String) {
@@ -159,6 +203,34 @@ mod tests {
         assert!(validate("container-workdir", "/work").is_ok());
         let e = validate("container-mounts", "relative:/x").unwrap_err();
         assert!(e.starts_with("--container-mounts=relative:/x: "), "{e}");
+    }
+
+    #[test]
+    fn environment_fills_missing_options() {
+        let env = |name: &str| match name {
+            "PYXIS_CONTAINER_IMAGE" => Some("ubuntu:22.04".to_string()),
+            "BERTH_CONTAINER_WORKDIR" => Some("/work".to_string()),
+            "PYXIS_CONTAINER_WORKDIR" => Some("/ignored".to_string()),
+            "PYXIS_CONTAINER_MOUNTS" => Some(String::new()),
+            _ => None,
+        };
+        apply_env_defaults(env).unwrap();
+        let values = current();
+        assert_eq!(values.image.as_deref(), Some("ubuntu:22.04"));
+        assert_eq!(values.workdir.as_deref(), Some("/work"));
+        assert_eq!(values.mounts, None);
+        // The command line wins over the environment.
+        store(OptionId::Image, "busybox".into());
+        apply_env_defaults(env).unwrap();
+        assert_eq!(current().image.as_deref(), Some("busybox"));
+        *VALUES.lock().unwrap() = JobOptions::default();
+        let e = apply_env_defaults(|n| (n == "PYXIS_CONTAINER_IMAGE").then(|| "Bad Ref".into()))
+            .unwrap_err();
+        assert!(
+            e.starts_with("PYXIS_CONTAINER_IMAGE=Bad Ref (stands for --container-image): "),
+            "{e}"
+        );
+        *VALUES.lock().unwrap() = JobOptions::default();
     }
 
     #[test]

@@ -101,8 +101,14 @@ pub extern "C" fn slurm_spank_init_post_opt(
     guard("slurm_spank_init_post_opt", || {
         let spank = Spank::from_raw(sp);
         match handle::context() {
-            Context::Local | Context::Allocator => local::check_options(&options::current()),
-            Context::Remote => remote::init_post_opt(&spank),
+            Context::Local | Context::Allocator => {
+                options::apply_env_defaults(|name| std::env::var(name).ok())?;
+                local::check_options(&options::current())
+            }
+            Context::Remote => {
+                options::apply_env_defaults(|name| spank.getenv(name))?;
+                remote::init_post_opt(&spank)
+            }
             _ => Ok(()),
         }
     })
