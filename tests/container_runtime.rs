@@ -83,6 +83,9 @@ fn example(name: &str) -> PathBuf {
     if !built.exists() || !built_example("holder").exists() {
         return built;
     }
+    // world_readable_copy's temporary name is per process: copy one at a time.
+    static COPYING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = COPYING.lock().unwrap_or_else(|p| p.into_inner());
     common::world_readable_copy(&built_example("holder"));
     common::world_readable_copy(&built)
 }
@@ -111,6 +114,7 @@ fn busybox_rootfs(dir: &Path) -> PathBuf {
     std::fs::copy(which("busybox").unwrap(), root.join("bin/busybox")).unwrap();
     let applets = [
         "sh", "id", "whoami", "cat", "ls", "pwd", "echo", "touch", "hostname", "env", "sleep",
+        "grep", "readlink", "stat", "test", "rm", "chown",
     ];
     for applet in applets {
         symlink("busybox", root.join("bin").join(applet)).unwrap();
@@ -488,4 +492,170 @@ fn exit_status_and_sigterm_reach_the_caller() {
         "the command's status, after the forwarded SIGTERM"
     );
     eventually("no loop device left", || loop_devices_of(&image).is_empty());
+}
+
+/// Runs `script` in a container of `image` as the test user: privileged (the
+/// test is root) or unprivileged (through runuser), with `options` for
+/// `container_run`. Returns the output and its stdout.
+fn run_in(image: &Path, privileged: bool, options: &[&str], script: &str) -> (Output, String) {
+    let mut command = if privileged {
+        let mut command = Command::new(example("container_run"));
+        command.args(["--privileged", "--user", TEST_USER]);
+        command
+    } else {
+        let mut command = Command::new("runuser");
+        command
+            .args(["-u", TEST_USER, "--"])
+            .arg(example("container_run"))
+            .arg("--unprivileged");
+        command
+    };
+    let output = run(command
+        .args(options)
+        .arg(image)
+        .args(["--", "sh", "-c", script]));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    (output, stdout)
+}
+
+/// Gives users FUSE (the unprivileged mode mounts the image with it).
+fn allow_user_fuse() {
+    let fuse = std::fs::metadata("/dev/fuse").map(|m| m.permissions().mode() & 0o777);
+    if fuse.map_or(true, |mode| mode != 0o666) {
+        std::fs::set_permissions("/dev/fuse", std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
+}
+
+/// The `/proc/self/mountinfo` line of the mount at `target`, as the script
+/// prints it with `grep`.
+fn mountinfo_line<'a>(stdout: &'a str, target: &str) -> &'a str {
+    let needle = format!(" {target} ");
+    stdout
+        .lines()
+        .find(|line| line.contains(&needle) && line.contains(" - "))
+        .unwrap_or_else(|| panic!("no mount at {target} in:\n{stdout}"))
+}
+
+/// The mount script shared by the privileged and unprivileged mount tests.
+const MOUNTS_PROBE: &str = "cat /single/file.txt; echo x > /mnt/null && echo NULL=ok; \
+     touch /scratch/t && echo SCRATCH=ok; /data/busybox true; echo EXEC=$?; \
+     test -e /etc/hosts || echo NO_HOSTS; test -d /new/deep/dir && echo DEEP=ok; \
+     grep -E ' /(data|scratch|shared|gone) ' /proc/self/mountinfo || true; echo END";
+
+fn check_mounts_probe(stdout: &str) {
+    assert!(
+        stdout.contains("hello from the host"),
+        "file bind: {stdout}"
+    );
+    assert!(stdout.contains("NULL=ok"), "char device bind: {stdout}");
+    assert!(stdout.contains("SCRATCH=ok"), "tmpfs: {stdout}");
+    assert!(!stdout.contains("EXEC=0"), "noexec: {stdout}");
+    assert!(
+        stdout.contains("NO_HOSTS"),
+        "umount of /etc/hosts: {stdout}"
+    );
+    assert!(stdout.contains("DEEP=ok"), "missing DST created: {stdout}");
+    let data = mountinfo_line(stdout, "/data");
+    for option in ["ro", "nosuid", "nodev", "noexec"] {
+        assert!(
+            data.split(' ')
+                .nth(5)
+                .unwrap()
+                .split(',')
+                .any(|o| o == option),
+            "/data lacks {option}: {data}"
+        );
+    }
+    assert!(!data.contains("shared:"), "/data is private: {data}");
+    let scratch = mountinfo_line(stdout, "/scratch");
+    assert!(scratch.contains(" tmpfs "), "{scratch}");
+    assert!(scratch.contains("size=1024k"), "{scratch}");
+    assert!(scratch.contains("mode=770"), "{scratch}");
+    assert!(
+        mountinfo_line(stdout, "/shared").contains("shared:"),
+        "/shared is shared: {stdout}"
+    );
+    assert!(!stdout.contains(" /gone "), "/gone unmounted: {stdout}");
+    assert!(stdout.ends_with("END\n"), "{stdout}");
+}
+
+fn mounts_option(dir: &Path, data: &Path) -> String {
+    std::fs::copy(which("busybox").unwrap(), data.join("busybox")).unwrap();
+    let shared = dir.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
+    [
+        format!("{}:/data:ro+nosuid+nodev+noexec+rprivate", data.display()),
+        format!("{}/file:/single/file.txt:ro", data.display()),
+        "/dev/null:/mnt/null".to_string(),
+        "tmpfs:/scratch:size=1M+mode=0770".to_string(),
+        "umount:/etc/hosts".to_string(),
+        format!("{}:/new/deep/dir", shared.display()),
+        format!("{}:/shared:rshared", shared.display()),
+        "tmpfs:/gone,umount:/gone".to_string(),
+    ]
+    .join(",")
+}
+
+#[test]
+fn mounts_with_flags_tmpfs_devices_and_umount() {
+    skip_unless_ready!();
+    let dir = scratch();
+    let image = dir.path().join("image.sqfs");
+    make_squashfs(&busybox_rootfs(dir.path()), &image);
+    let data = data_dir(dir.path());
+    let mounts = mounts_option(dir.path(), &data);
+    let (output, stdout) = run_in(&image, true, &["--mounts", &mounts], MOUNTS_PROBE);
+    assert!(output.status.success());
+    check_mounts_probe(&stdout);
+    assert_eq!(staging_mounts(), Vec::<String>::new());
+}
+
+#[test]
+fn unprivileged_mounts_with_flags_tmpfs_devices_and_umount() {
+    skip_unless_ready!("squashfuse", "fuse-overlayfs", "runuser");
+    allow_user_fuse();
+    let dir = scratch();
+    let image = dir.path().join("image.sqfs");
+    make_squashfs(&busybox_rootfs(dir.path()), &image);
+    let data = data_dir(dir.path());
+    let mounts = mounts_option(dir.path(), &data);
+    let (output, stdout) = run_in(&image, false, &["--mounts", &mounts], MOUNTS_PROBE);
+    assert!(output.status.success());
+    check_mounts_probe(&stdout);
+}
+
+#[test]
+fn mount_errors_name_the_entry_and_the_kernel_checks_the_user() {
+    skip_unless_ready!();
+    let dir = scratch();
+    let image = dir.path().join("image.sqfs");
+    make_squashfs(&busybox_rootfs(dir.path()), &image);
+
+    let (output, _) = run_in(&image, true, &["--mounts", "/tmp:/x:ro+bogus"], "true");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("'/tmp:/x:ro+bogus'"), "{stderr}");
+    assert!(stderr.contains("unknown flag 'bogus'"), "{stderr}");
+
+    // Root may read it, the user may not: the bind must fail.
+    let secret = dir.path().join("secret");
+    std::fs::create_dir_all(secret.join("inner")).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let source = secret.join("inner");
+    let (output, _) = run_in(
+        &image,
+        true,
+        &["--mounts", &format!("{}:/x", source.display())],
+        "true",
+    );
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(&source.display().to_string()), "{stderr}");
+
+    let (output, _) = run_in(&image, true, &["--mounts", "umount:/opt"], "true");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("umount:/opt"), "{stderr}");
+    assert_eq!(staging_mounts(), Vec::<String>::new());
 }

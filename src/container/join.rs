@@ -16,9 +16,10 @@ use nix::sched::{setns, CloneFlags};
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 
 use crate::container::creds;
+use crate::container::entrypoint::command_with_entrypoint;
 use crate::container::env::task_env;
 use crate::container::fuse::{self, Daemon};
-use crate::container::spec::{ContainerSpec, UserIdentity};
+use crate::container::spec::{ContainerSpec, Namespace, UserIdentity};
 use crate::image::ImageConfig;
 
 /// The `PATH` searched when the task environment has none.
@@ -34,7 +35,8 @@ const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 pub struct Container {
     user_ns: OwnedFd,
     mount_ns: OwnedFd,
-    uts_ns: Option<OwnedFd>,
+    /// The other namespaces of its own (UTS, network, IPC), in join order.
+    namespaces: Vec<(Namespace, OwnedFd)>,
     workdir: String,
     image_config: ImageConfig,
     user: UserIdentity,
@@ -52,6 +54,8 @@ enum Step {
     MountNamespace = 4,
     Workdir = 5,
     Exec = 6,
+    IpcNamespace = 7,
+    NetNamespace = 8,
 }
 
 impl Step {
@@ -63,6 +67,8 @@ impl Step {
             Step::MountNamespace,
             Step::Workdir,
             Step::Exec,
+            Step::IpcNamespace,
+            Step::NetNamespace,
         ]
         .into_iter()
         .find(|step| *step as u8 == code)
@@ -73,14 +79,14 @@ impl Container {
     pub(crate) fn new(
         user_ns: OwnedFd,
         mount_ns: OwnedFd,
-        uts_ns: Option<OwnedFd>,
+        namespaces: Vec<(Namespace, OwnedFd)>,
         spec: &ContainerSpec,
         daemons: Vec<Daemon>,
     ) -> Container {
         Container {
             user_ns,
             mount_ns,
-            uts_ns,
+            namespaces,
             workdir: spec.effective_workdir().to_string(),
             image_config: spec.image_config.clone(),
             user: spec.user.clone(),
@@ -105,6 +111,13 @@ impl Container {
         self.daemons.iter().map(Daemon::pid).collect()
     }
 
+    /// The command a task runs with the image entrypoint enabled
+    /// (`--container-entrypoint`): ENTRYPOINT + `argv`, or ENTRYPOINT + CMD
+    /// when `argv` is empty (see [`command_with_entrypoint`]).
+    pub fn command_with_entrypoint(&self, argv: &[String]) -> Vec<String> {
+        command_with_entrypoint(&self.image_config, argv)
+    }
+
     /// A task's environment: `job_env` with the image's `Env` on top
     /// (see [`task_env`]).
     pub fn env<I>(&self, job_env: I) -> Vec<(String, String)>
@@ -115,8 +128,8 @@ impl Container {
     }
 
     /// Moves the calling process into the container: its user namespace, its
-    /// UTS namespace (when it has a hostname), its mount namespace, and the
-    /// working directory. The process must be single-threaded and should exec
+    /// UTS, network and IPC namespaces (those it has of its own), its mount
+    /// namespace, and the working directory. The process must be single-threaded and should exec
     /// soon after (a Slurm task in `slurm_spank_task_init`, running as the user).
     pub fn join(&self) -> anyhow::Result<()> {
         let workdir = CString::new(self.workdir.as_bytes())
@@ -200,9 +213,13 @@ impl Container {
     fn enter(&self, workdir: &CStr) -> Result<(), (Step, Errno)> {
         setns(self.user_ns.as_fd(), CloneFlags::CLONE_NEWUSER)
             .map_err(|errno| (Step::UserNamespace, errno))?;
-        if let Some(uts_ns) = &self.uts_ns {
-            setns(uts_ns.as_fd(), CloneFlags::CLONE_NEWUTS)
-                .map_err(|errno| (Step::UtsNamespace, errno))?;
+        for (kind, fd) in &self.namespaces {
+            let (flag, step) = match kind {
+                Namespace::Uts => (CloneFlags::CLONE_NEWUTS, Step::UtsNamespace),
+                Namespace::Ipc => (CloneFlags::CLONE_NEWIPC, Step::IpcNamespace),
+                Namespace::Net => (CloneFlags::CLONE_NEWNET, Step::NetNamespace),
+            };
+            setns(fd.as_fd(), flag).map_err(|errno| (step, errno))?;
         }
         setns(self.mount_ns.as_fd(), CloneFlags::CLONE_NEWNS)
             .map_err(|errno| (Step::MountNamespace, errno))?;
@@ -224,6 +241,12 @@ impl Container {
             ),
             Step::UtsNamespace => {
                 format!("cannot join the container's UTS namespace (setns): {errno}")
+            }
+            Step::IpcNamespace => {
+                format!("cannot join the container's IPC namespace (setns): {errno}")
+            }
+            Step::NetNamespace => {
+                format!("cannot join the container's network namespace (setns): {errno}")
             }
             Step::MountNamespace => {
                 format!("cannot join the container's mount namespace (setns): {errno}")
@@ -450,7 +473,7 @@ mod tests {
 
     #[test]
     fn steps_round_trip_through_codes() {
-        for code in 1..=6 {
+        for code in 1..=8 {
             assert_eq!(Step::from_code(code).unwrap() as u8, code);
         }
         assert_eq!(Step::from_code(0), None);
