@@ -659,3 +659,168 @@ fn mount_errors_name_the_entry_and_the_kernel_checks_the_user() {
     assert!(stderr.contains("umount:/opt"), "{stderr}");
     assert_eq!(staging_mounts(), Vec::<String>::new());
 }
+
+/// Writes to `/` and to a bound `/tmp`, printing the shell's status and error.
+const WRITE_PROBE: &str =
+    "touch /srv/work/written 2>&1; echo ROOT=$?; touch /tmp/berth-probe-$$ && \
+     echo TMP=0 && rm /tmp/berth-probe-$$";
+
+#[test]
+fn readonly_root_refuses_writes_and_writable_root_takes_them() {
+    skip_unless_ready!("squashfuse", "fuse-overlayfs", "runuser");
+    allow_user_fuse();
+    let dir = scratch();
+    let image = dir.path().join("image.sqfs");
+    let rootfs = busybox_rootfs(dir.path());
+    // Writable for the user, so that only the mount can refuse.
+    std::fs::set_permissions(
+        rootfs.join("srv/work"),
+        std::fs::Permissions::from_mode(0o1777),
+    )
+    .unwrap();
+    make_squashfs(&rootfs, &image);
+    for privileged in [true, false] {
+        let (output, stdout) = run_in(&image, privileged, &["--readonly"], WRITE_PROBE);
+        assert!(output.status.success());
+        assert!(stdout.contains("Read-only file system"), "EROFS: {stdout}");
+        assert!(stdout.contains("ROOT=1"), "{stdout}");
+        assert!(stdout.contains("TMP=0"), "binds stay writable: {stdout}");
+
+        let (output, stdout) = run_in(&image, privileged, &[], WRITE_PROBE);
+        assert!(output.status.success());
+        assert!(stdout.contains("ROOT=0"), "writable by default: {stdout}");
+    }
+}
+
+#[test]
+fn mount_home_binds_the_users_home_at_its_path() {
+    skip_unless_ready!("squashfuse", "fuse-overlayfs", "runuser");
+    allow_user_fuse();
+    let user = test_user();
+    let home = Path::new(&user.home);
+    if !home.is_dir() {
+        std::fs::create_dir_all(home).unwrap();
+        std::os::unix::fs::chown(home, Some(user.uid), Some(user.gid)).unwrap();
+    }
+    let marker = home.join(".berth-test-home-marker");
+    std::fs::write(&marker, "home sweet home\n").unwrap();
+    let dir = scratch();
+    let image = dir.path().join("image.sqfs");
+    make_squashfs(&busybox_rootfs(dir.path()), &image);
+    let script = format!(
+        "cat {}; touch {}/.berth-written && echo W=0",
+        marker.display(),
+        home.display()
+    );
+    for privileged in [true, false] {
+        let (output, stdout) = run_in(&image, privileged, &["--mount-home"], &script);
+        assert!(output.status.success());
+        assert!(stdout.contains("home sweet home"), "{stdout}");
+        assert!(stdout.contains("W=0"), "home is writable: {stdout}");
+        assert!(home.join(".berth-written").exists());
+        std::fs::remove_file(home.join(".berth-written")).unwrap();
+
+        let (_, stdout) = run_in(
+            &image,
+            privileged,
+            &[],
+            &format!("test -e {} || echo ABSENT", marker.display()),
+        );
+        assert!(
+            stdout.contains("ABSENT"),
+            "no home without the option: {stdout}"
+        );
+    }
+    std::fs::remove_file(&marker).unwrap();
+}
+
+/// The host's namespace link of `kind` (`net:[4026531840]`).
+fn host_namespace(kind: &str) -> String {
+    std::fs::read_link(format!("/proc/self/ns/{kind}"))
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn unshared_namespaces_are_new_and_hostname_stays() {
+    skip_unless_ready!("squashfuse", "fuse-overlayfs", "runuser");
+    allow_user_fuse();
+    let dir = scratch();
+    let image = dir.path().join("image.sqfs");
+    make_squashfs(&busybox_rootfs(dir.path()), &image);
+    let host_name = nix::unistd::gethostname()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let script = "cat /proc/net/dev; readlink /proc/self/ns/net; readlink /proc/self/ns/ipc; \
+         readlink /proc/self/ns/uts; hostname";
+    for privileged in [true, false] {
+        let (output, stdout) = run_in(&image, privileged, &["--unshare", "net,ipc,uts"], script);
+        assert!(output.status.success());
+        let interfaces: Vec<&str> = stdout
+            .lines()
+            .filter_map(|line| line.split_once(':'))
+            .filter(|(name, rest)| !name.contains('|') && !rest.starts_with('['))
+            .map(|(name, _)| name.trim())
+            .collect();
+        assert_eq!(
+            interfaces,
+            vec!["lo"],
+            "only lo with net unshared: {stdout}"
+        );
+        for kind in ["net", "ipc", "uts"] {
+            let host = host_namespace(kind);
+            let inside = stdout
+                .lines()
+                .find(|line| line.starts_with(&format!("{kind}:[")))
+                .unwrap_or_else(|| panic!("no {kind} namespace in {stdout}"));
+            assert_ne!(inside, host, "{kind} namespace is new");
+        }
+        assert!(
+            stdout.ends_with(&format!("{host_name}\n")),
+            "hostname stays: {stdout}"
+        );
+
+        let (_, stdout) = run_in(&image, privileged, &[], "readlink /proc/self/ns/ipc");
+        assert_eq!(stdout.trim(), host_namespace("ipc"), "host ipc by default");
+    }
+}
+
+#[test]
+fn remap_root_shows_root_inside_and_the_user_outside() {
+    skip_unless_ready!("squashfuse", "fuse-overlayfs", "runuser");
+    allow_user_fuse();
+    let dir = scratch();
+    let image = dir.path().join("image.sqfs");
+    make_squashfs(&busybox_rootfs(dir.path()), &image);
+    let data = data_dir(dir.path());
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let user = test_user();
+    std::os::unix::fs::chown(&out, Some(user.uid), Some(user.gid)).unwrap();
+    let mounts = format!("{}:/out", out.display());
+    let script = "id; whoami; grep ^root: /etc/passwd; touch /out/made; echo END";
+    for privileged in [true, false] {
+        let (output, stdout) = run_in(
+            &image,
+            privileged,
+            &["--remap-root", "--mounts", &mounts],
+            script,
+        );
+        assert!(output.status.success());
+        assert!(stdout.starts_with("uid=0(root) gid=0(root)"), "{stdout}");
+        assert!(stdout.contains("\nroot\n"), "whoami: {stdout}");
+        assert!(stdout.contains("root:x:0:0:"), "/etc/passwd: {stdout}");
+        assert!(stdout.ends_with("END\n"), "{stdout}");
+        let made = std::fs::metadata(out.join("made")).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(
+            (made.uid(), made.gid()),
+            (user.uid, user.gid),
+            "the user's on the host"
+        );
+        std::fs::remove_file(out.join("made")).unwrap();
+    }
+    drop(data);
+}

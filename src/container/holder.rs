@@ -163,7 +163,9 @@ fn mount_image_with_fuse(spec: &ContainerSpec) -> anyhow::Result<(PathBuf, Vec<F
     let staging = unprivileged_staging_dir(spec.user.uid)?;
     let paths = prepare_staging(&staging)?;
     let image = fuse::mount_squashfuse(&spec.squashfs, &paths.lower)?;
-    let overlay = fuse::mount_fuse_overlayfs(&paths, spec.user.uid, spec.user.gid)?;
+    // Files show as the user's, in the ids the namespace gives the user.
+    let user = spec.user_inside();
+    let overlay = fuse::mount_fuse_overlayfs(&paths, user.uid, user.gid)?;
     Ok((paths.root, vec![overlay, image]))
 }
 
