@@ -800,7 +800,10 @@ fn remap_root_shows_root_inside_and_the_user_outside() {
     let user = test_user();
     std::os::unix::fs::chown(&out, Some(user.uid), Some(user.gid)).unwrap();
     let mounts = format!("{}:/out", out.display());
-    let script = "id; whoami; grep ^root: /etc/passwd; touch /out/made; echo END";
+    // chown to ids the namespace does not map: only the seccomp filter of
+    // remap-root makes it "succeed" (without effect).
+    let script = "id; whoami; grep ^root: /etc/passwd; touch /out/made; \
+         chown 4242:4242 /out/made && echo CHOWN=0; echo END";
     for privileged in [true, false] {
         let (output, stdout) = run_in(
             &image,
@@ -812,7 +815,7 @@ fn remap_root_shows_root_inside_and_the_user_outside() {
         assert!(stdout.starts_with("uid=0(root) gid=0(root)"), "{stdout}");
         assert!(stdout.contains("\nroot\n"), "whoami: {stdout}");
         assert!(stdout.contains("root:x:0:0:"), "/etc/passwd: {stdout}");
-        assert!(stdout.ends_with("END\n"), "{stdout}");
+        assert!(stdout.ends_with("CHOWN=0\nEND\n"), "{stdout}");
         let made = std::fs::metadata(out.join("made")).unwrap();
         use std::os::unix::fs::MetadataExt;
         assert_eq!(
@@ -821,6 +824,45 @@ fn remap_root_shows_root_inside_and_the_user_outside() {
             "the user's on the host"
         );
         std::fs::remove_file(out.join("made")).unwrap();
+
+        let (_, stdout) = run_in(&image, privileged, &[], "chown 4242 /tmp || echo REFUSED");
+        assert!(
+            stdout.contains("REFUSED"),
+            "no filter without remap-root: {stdout}"
+        );
     }
     drop(data);
+}
+
+#[test]
+fn entrypoint_runs_before_the_command_or_the_image_cmd() {
+    skip_unless_ready!();
+    let dir = scratch();
+    let image = dir.path().join("image.sqfs");
+    make_squashfs(&busybox_rootfs(dir.path()), &image);
+    let config = dir.path().join("config.json");
+    let json = serde_json::json!({
+        "env": ["PATH=/bin"],
+        "entrypoint": ["/bin/echo", "from-entrypoint"],
+        "cmd": ["from-cmd"],
+    });
+    std::fs::write(&config, json.to_string()).unwrap();
+    let run_with = |command: &[&str]| {
+        let output = run(Command::new(example("container_run"))
+            .args([
+                "--privileged",
+                "--user",
+                TEST_USER,
+                "--entrypoint",
+                "--config",
+            ])
+            .arg(&config)
+            .arg(&image)
+            .arg("--")
+            .args(command));
+        assert!(output.status.success());
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    assert_eq!(run_with(&["given"]), "from-entrypoint given\n");
+    assert_eq!(run_with(&[]), "from-entrypoint from-cmd\n");
 }

@@ -15,11 +15,11 @@ use nix::errno::Errno;
 use nix::sched::{setns, CloneFlags};
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 
-use crate::container::creds;
 use crate::container::entrypoint::command_with_entrypoint;
 use crate::container::env::task_env;
 use crate::container::fuse::{self, Daemon};
 use crate::container::spec::{ContainerSpec, Namespace, UserIdentity};
+use crate::container::{creds, seccomp};
 use crate::image::ImageConfig;
 
 /// The `PATH` searched when the task environment has none.
@@ -38,6 +38,8 @@ pub struct Container {
     /// The other namespaces of its own (UTS, network, IPC), in join order.
     namespaces: Vec<(Namespace, OwnedFd)>,
     workdir: String,
+    /// Install the remap-root seccomp filter in each process that enters.
+    remap_root: bool,
     image_config: ImageConfig,
     user: UserIdentity,
     daemons: Vec<Daemon>,
@@ -56,6 +58,7 @@ enum Step {
     Exec = 6,
     IpcNamespace = 7,
     NetNamespace = 8,
+    Seccomp = 9,
 }
 
 impl Step {
@@ -69,6 +72,7 @@ impl Step {
             Step::Exec,
             Step::IpcNamespace,
             Step::NetNamespace,
+            Step::Seccomp,
         ]
         .into_iter()
         .find(|step| *step as u8 == code)
@@ -88,6 +92,7 @@ impl Container {
             mount_ns,
             namespaces,
             workdir: spec.effective_workdir().to_string(),
+            remap_root: spec.remap_root,
             image_config: spec.image_config.clone(),
             user: spec.user.clone(),
             daemons,
@@ -129,7 +134,9 @@ impl Container {
 
     /// Moves the calling process into the container: its user namespace, its
     /// UTS, network and IPC namespaces (those it has of its own), its mount
-    /// namespace, and the working directory. The process must be single-threaded and should exec
+    /// namespace, and the working directory; with remap-root, it also gets the
+    /// seccomp filter that makes chown and set*id calls succeed without
+    /// effect. The process must be single-threaded and should exec
     /// soon after (a Slurm task in `slurm_spank_task_init`, running as the user).
     pub fn join(&self) -> anyhow::Result<()> {
         let workdir = CString::new(self.workdir.as_bytes())
@@ -224,6 +231,9 @@ impl Container {
         setns(self.mount_ns.as_fd(), CloneFlags::CLONE_NEWNS)
             .map_err(|errno| (Step::MountNamespace, errno))?;
         nix::unistd::chdir(workdir).map_err(|errno| (Step::Workdir, errno))?;
+        if self.remap_root {
+            seccomp::install_remap_root_filter().map_err(|err| (Step::Seccomp, errno_of(&err)))?;
+        }
         Ok(())
     }
 
@@ -248,6 +258,10 @@ impl Container {
             Step::NetNamespace => {
                 format!("cannot join the container's network namespace (setns): {errno}")
             }
+            Step::Seccomp => format!(
+                "cannot install the seccomp filter of --container-remap-root: {errno}; run \
+                 without --container-remap-root"
+            ),
             Step::MountNamespace => {
                 format!("cannot join the container's mount namespace (setns): {errno}")
             }
@@ -473,7 +487,7 @@ mod tests {
 
     #[test]
     fn steps_round_trip_through_codes() {
-        for code in 1..=8 {
+        for code in 1..=9 {
             assert_eq!(Step::from_code(code).unwrap() as u8, code);
         }
         assert_eq!(Step::from_code(0), None);

@@ -12,11 +12,13 @@
 //! is given), the host's mount table (everything happens in private mount
 //! namespaces), and any path outside the image root except bind sources.
 //!
-//! Modules, one job each: [`spec`] (what a container is, as data), [`usermount`] (the
-//! `--container-mounts` grammar), [`env`](mod@env)
-//! (task environment), [`entrypoint`] (the command with the image ENTRYPOINT), [`etcfiles`] (passwd and group), [`safepath`] (path
-//! operations a hostile image cannot escape), [`loopdev`] (loop devices),
-//! [`mountplan`] (which mounts, in which order), [`mounts`] (mount operations), `fuse` (daemons of unprivileged mode),
+//! Modules, one job each: [`spec`] (what a container is, as data),
+//! [`usermount`] (the `--container-mounts` grammar), [`mountplan`] (which
+//! mounts, in which order), [`env`](mod@env) (task environment),
+//! [`entrypoint`] (the command with the image ENTRYPOINT), [`etcfiles`]
+//! (passwd and group), [`safepath`] (path operations a hostile image cannot
+//! escape), [`loopdev`] (loop devices), [`mounts`] (mount operations), `fuse`
+//! (daemons of unprivileged mode), `seccomp` (the remap-root filter),
 //! [`channel`] (messages to and from the holder), [`holder`] (the stages),
 //! `spawn` (the caller's side) and `join` (the [`Container`]).
 
@@ -32,6 +34,7 @@ pub mod loopdev;
 pub mod mountplan;
 pub mod mounts;
 pub mod safepath;
+mod seccomp;
 mod spawn;
 pub mod spec;
 pub mod usermount;
