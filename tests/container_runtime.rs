@@ -114,7 +114,7 @@ fn busybox_rootfs(dir: &Path) -> PathBuf {
     std::fs::copy(which("busybox").unwrap(), root.join("bin/busybox")).unwrap();
     let applets = [
         "sh", "id", "whoami", "cat", "ls", "pwd", "echo", "touch", "hostname", "env", "sleep",
-        "grep", "readlink", "stat", "test", "rm", "chown",
+        "grep", "readlink", "stat", "test", "rm", "chown", "ip",
     ];
     for applet in applets {
         symlink("busybox", root.join("bin").join(applet)).unwrap();
@@ -753,7 +753,7 @@ fn unshared_namespaces_are_new_and_hostname_stays() {
         .unwrap()
         .to_string_lossy()
         .into_owned();
-    let script = "cat /proc/net/dev; readlink /proc/self/ns/net; readlink /proc/self/ns/ipc; \
+    let script = "cat /proc/net/dev; ip -o link show lo; readlink /proc/self/ns/net; readlink /proc/self/ns/ipc; \
          readlink /proc/self/ns/uts; hostname";
     for privileged in [true, false] {
         let (output, stdout) = run_in(&image, privileged, &["--unshare", "net,ipc,uts"], script);
@@ -761,7 +761,9 @@ fn unshared_namespaces_are_new_and_hostname_stays() {
         let interfaces: Vec<&str> = stdout
             .lines()
             .filter_map(|line| line.split_once(':'))
-            .filter(|(name, rest)| !name.contains('|') && !rest.starts_with('['))
+            .filter(|(name, rest)| {
+                !name.contains('|') && !rest.starts_with('[') && !rest.contains('<')
+            })
             .map(|(name, _)| name.trim())
             .collect();
         assert_eq!(
@@ -769,6 +771,7 @@ fn unshared_namespaces_are_new_and_hostname_stays() {
             vec!["lo"],
             "only lo with net unshared: {stdout}"
         );
+        assert!(stdout.contains("<LOOPBACK,UP"), "lo is up: {stdout}");
         for kind in ["net", "ipc", "uts"] {
             let host = host_namespace(kind);
             let inside = stdout

@@ -42,6 +42,7 @@ use crate::container::fuse::{self, FuseMount};
 use crate::container::loopdev::LoopDevice;
 use crate::container::mountplan::MountPlan;
 use crate::container::mounts::{self, StagingPaths};
+use crate::container::netns;
 use crate::container::safepath::RootDir;
 use crate::container::spec::{ContainerSpec, Mode, Namespace, UserIdentity, UserMount};
 
@@ -212,6 +213,10 @@ fn enter_user_namespace(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::
         pid: std::process::id() as i32,
     })?;
     expect(channel, ToHolder::MapsWritten)?;
+    if spec.unshare.contains(&Namespace::Net) {
+        netns::bring_loopback_up()
+            .context("cannot set the loopback interface of the new network namespace up")?;
+    }
     if let Some(hostname) = &spec.hostname {
         nix::unistd::sethostname(hostname)
             .with_context(|| format!("cannot set the container hostname to '{hostname}'"))?;

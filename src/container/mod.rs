@@ -18,7 +18,8 @@
 //! [`entrypoint`] (the command with the image ENTRYPOINT), [`etcfiles`]
 //! (passwd and group), [`safepath`] (path operations a hostile image cannot
 //! escape), [`loopdev`] (loop devices), [`mounts`] (mount operations), `fuse`
-//! (daemons of unprivileged mode), `seccomp` (the remap-root filter),
+//! (daemons of unprivileged mode), `netns` (loopback up in a new network
+//! namespace), `seccomp` (the remap-root filter),
 //! [`channel`] (messages to and from the holder), [`holder`] (the stages),
 //! `spawn` (the caller's side) and `join` (the [`Container`]).
 
@@ -33,6 +34,7 @@ mod join;
 pub mod loopdev;
 pub mod mountplan;
 pub mod mounts;
+mod netns;
 pub mod safepath;
 mod seccomp;
 mod spawn;
