@@ -540,6 +540,7 @@ fn mountinfo_line<'a>(stdout: &'a str, target: &str) -> &'a str {
 const MOUNTS_PROBE: &str = "cat /single/file.txt; echo x > /mnt/null && echo NULL=ok; \
      touch /scratch/t && echo SCRATCH=ok; /data/busybox true; echo EXEC=$?; \
      test -e /etc/hosts || echo NO_HOSTS; test -d /new/deep/dir && echo DEEP=ok; \
+     test -d /nest/in/side && echo NESTED=ok; \
      grep -E ' /(data|scratch|shared|gone) ' /proc/self/mountinfo || true; echo END";
 
 fn check_mounts_probe(stdout: &str) {
@@ -555,6 +556,10 @@ fn check_mounts_probe(stdout: &str) {
         "umount of /etc/hosts: {stdout}"
     );
     assert!(stdout.contains("DEEP=ok"), "missing DST created: {stdout}");
+    assert!(
+        stdout.contains("NESTED=ok"),
+        "DST created in a tmpfs: {stdout}"
+    );
     let data = mountinfo_line(stdout, "/data");
     for option in ["ro", "nosuid", "nodev", "noexec"] {
         assert!(
@@ -593,6 +598,7 @@ fn mounts_option(dir: &Path, data: &Path) -> String {
         format!("{}:/new/deep/dir", shared.display()),
         format!("{}:/shared:rshared", shared.display()),
         "tmpfs:/gone,umount:/gone".to_string(),
+        format!("tmpfs:/nest,{}:/nest/in/side", shared.display()),
     ]
     .join(",")
 }

@@ -119,8 +119,16 @@ pub fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> 
 /// directory for a tmpfs; nothing for an unmount. Fails when a bind's source
 /// does not exist.
 pub fn create_mount_point(root: &RootDir, mount: &UserMount) -> anyhow::Result<()> {
+    if let Some(kind) = mount_point_kind(mount)? {
+        ensure_mount_point(root, mount, kind)?;
+    }
+    Ok(())
+}
+
+/// What the mount point of `mount` must be; `None` for an unmount.
+fn mount_point_kind(mount: &UserMount) -> anyhow::Result<Option<Kind>> {
     let kind = match mount.kind {
-        MountKind::Umount => return Ok(()),
+        MountKind::Umount => return Ok(None),
         MountKind::Tmpfs => Kind::Dir,
         MountKind::Bind => {
             let meta = std::fs::metadata(&mount.source).with_context(|| {
@@ -137,14 +145,17 @@ pub fn create_mount_point(root: &RootDir, mount: &UserMount) -> anyhow::Result<(
             }
         }
     };
+    Ok(Some(kind))
+}
+
+fn ensure_mount_point(root: &RootDir, mount: &UserMount, kind: Kind) -> anyhow::Result<OwnedFd> {
     root.ensure(&mount.target, kind).with_context(|| {
         format!(
             "cannot create mount point {} in the container (mount {})",
             mount.target.display(),
             describe(mount)
         )
-    })?;
-    Ok(())
+    })
 }
 
 /// `'SRC:DST'`, as in `--container-mounts`, for messages.
@@ -154,15 +165,19 @@ fn describe(mount: &UserMount) -> String {
 
 /// Applies one mount inside `root`: a bind, a tmpfs, or an unmount, with its
 /// flags and propagation. Targets are resolved safely inside `root`, after the
-/// mounts made before (so nested targets land on the outer mount).
+/// mounts made before (so nested targets land on the outer mount, and a
+/// missing one is created there, with the caller's permissions).
 pub fn apply(root: &RootDir, mount: &UserMount) -> anyhow::Result<()> {
-    let target = root.resolve(&mount.target).with_context(|| {
-        format!(
-            "mount {}: cannot find {} in the container",
-            describe(mount),
-            mount.target.display()
-        )
-    })?;
+    let target = match mount_point_kind(mount)? {
+        Some(kind) => ensure_mount_point(root, mount, kind)?,
+        None => root.resolve(&mount.target).with_context(|| {
+            format!(
+                "mount {}: nothing to unmount, {} does not exist in the container",
+                describe(mount),
+                mount.target.display()
+            )
+        })?,
+    };
     match mount.kind {
         MountKind::Bind => bind_tree(&mount.source, target.as_fd(), attributes_of(mount))
             .with_context(|| format!("cannot bind-mount {}", describe(mount)))?,
