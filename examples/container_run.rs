@@ -4,6 +4,8 @@
 //! ```text
 //! container_run [--user NAME] [--mounts SRC[:DST[:FLAGS]],...] [--workdir DIR]
 //!               [--config IMAGE_CONFIG.json] [--hostname NAME]
+//!               [--readonly] [--mount-home] [--unshare net,ipc,uts]
+//!               [--remap-root] [--entrypoint]
 //!               [--privileged | --unprivileged] [--helper PATH]
 //!               IMAGE.sqfs -- COMMAND [ARG...]
 //! ```
@@ -15,7 +17,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
-use berth::container::{parse_mounts, spawn_holder, ContainerSpec, Mode, UserIdentity};
+use berth::container::{parse_mounts, spawn_holder, ContainerSpec, Mode, Namespace, UserIdentity};
 use berth::image::ImageConfig;
 
 fn main() -> ExitCode {
@@ -35,6 +37,11 @@ fn run() -> anyhow::Result<u8> {
     let mut workdir = None;
     let mut config = ImageConfig::default();
     let mut hostname = None;
+    let mut writable = true;
+    let mut mount_home = false;
+    let mut unshare = Vec::new();
+    let mut remap_root = false;
+    let mut entrypoint = false;
     let mut mode = Mode::for_current_process();
     let mut helper = std::env::current_exe()?.with_file_name("holder");
     let mut image = None;
@@ -52,6 +59,13 @@ fn run() -> anyhow::Result<u8> {
                     .with_context(|| format!("bad image config {path}"))?;
             }
             "--hostname" => hostname = Some(value()?),
+            "--readonly" => writable = false,
+            "--mount-home" => mount_home = true,
+            "--unshare" => {
+                unshare = Namespace::parse_list(&value()?).map_err(anyhow::Error::msg)?
+            }
+            "--remap-root" => remap_root = true,
+            "--entrypoint" => entrypoint = true,
             "--privileged" => mode = Mode::Privileged,
             "--unprivileged" => mode = Mode::Unprivileged,
             "--helper" => helper = PathBuf::from(value()?),
@@ -78,7 +92,16 @@ fn run() -> anyhow::Result<u8> {
     spec.mounts = mounts;
     spec.workdir = workdir;
     spec.hostname = hostname;
+    spec.writable = writable;
+    spec.mount_home = mount_home;
+    spec.unshare = unshare;
+    spec.remap_root = remap_root;
     let container = spawn_holder(&helper, &spec, mode)?;
+    let command = if entrypoint {
+        container.command_with_entrypoint(&command)
+    } else {
+        command
+    };
     let env = container.env(std::env::vars());
     let status = container.run(&command, &env)?;
     container.shutdown();

@@ -12,7 +12,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use berth::container::{spawn_holder, ContainerSpec, Mode, UserIdentity};
+use berth::container::{spawn_holder, ContainerSpec, Mode, Namespace, UserIdentity};
 use berth::image::ImageConfig;
 use nix::unistd::{Gid, Uid};
 
@@ -61,7 +61,7 @@ fn build_image(dir: &Path) -> PathBuf {
         std::fs::create_dir_all(root.join(sub)).unwrap();
     }
     std::fs::copy(which("busybox").unwrap(), root.join("bin/busybox")).unwrap();
-    for applet in ["sh", "id", "pwd", "cat", "hostname"] {
+    for applet in ["sh", "id", "pwd", "cat", "hostname", "readlink"] {
         symlink("busybox", root.join("bin").join(applet)).unwrap();
     }
     std::fs::write(root.join("etc/os-release"), "ID=berthjoin\n").unwrap();
@@ -102,6 +102,7 @@ fn slurm_like_spawn_and_join() {
         user.clone(),
     );
     spec.hostname = Some("joined".into());
+    spec.unshare = vec![Namespace::Net, Namespace::Ipc];
 
     // Make sure we are multi-threaded, like slurmstepd.
     let _thread = std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_secs(5)));
@@ -124,7 +125,8 @@ fn slurm_like_spawn_and_join() {
     let mut task = Command::new("/bin/sh");
     task.args([
         "-c",
-        "id -u; id -G; pwd; hostname; cat /etc/os-release; echo $SLURM_PROCID $IMAGE_VAR",
+        "id -u; id -G; pwd; hostname; cat /etc/os-release; echo $SLURM_PROCID $IMAGE_VAR; \
+         readlink /proc/self/ns/net; readlink /proc/self/ns/ipc",
     ])
     .env_clear()
     .envs(env);
@@ -164,6 +166,16 @@ fn slurm_like_spawn_and_join() {
     assert_eq!(lines.next(), Some("joined"));
     assert_eq!(lines.next(), Some("ID=berthjoin"));
     assert_eq!(lines.next(), Some("0 1"));
+    for kind in ["net", "ipc"] {
+        let host = std::fs::read_link(format!("/proc/self/ns/{kind}")).unwrap();
+        let inside = lines.next().unwrap();
+        assert!(inside.starts_with(&format!("{kind}:[")), "{inside}");
+        assert_ne!(
+            Path::new(inside),
+            host,
+            "the task joined the container's {kind} namespace"
+        );
+    }
     drop(task);
     std::sync::Arc::into_inner(container).unwrap().shutdown();
 }

@@ -83,6 +83,9 @@ fn example(name: &str) -> PathBuf {
     if !built.exists() || !built_example("holder").exists() {
         return built;
     }
+    // world_readable_copy's temporary name is per process: copy one at a time.
+    static COPYING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = COPYING.lock().unwrap_or_else(|p| p.into_inner());
     common::world_readable_copy(&built_example("holder"));
     common::world_readable_copy(&built)
 }
@@ -111,6 +114,7 @@ fn busybox_rootfs(dir: &Path) -> PathBuf {
     std::fs::copy(which("busybox").unwrap(), root.join("bin/busybox")).unwrap();
     let applets = [
         "sh", "id", "whoami", "cat", "ls", "pwd", "echo", "touch", "hostname", "env", "sleep",
+        "grep", "readlink", "stat", "test", "rm", "chown", "ip",
     ];
     for applet in applets {
         symlink("busybox", root.join("bin").join(applet)).unwrap();
@@ -488,4 +492,386 @@ fn exit_status_and_sigterm_reach_the_caller() {
         "the command's status, after the forwarded SIGTERM"
     );
     eventually("no loop device left", || loop_devices_of(&image).is_empty());
+}
+
+/// Runs `script` in a container of `image` as the test user: privileged (the
+/// test is root) or unprivileged (through runuser), with `options` for
+/// `container_run`. Returns the output and its stdout.
+fn run_in(image: &Path, privileged: bool, options: &[&str], script: &str) -> (Output, String) {
+    let mut command = if privileged {
+        let mut command = Command::new(example("container_run"));
+        command.args(["--privileged", "--user", TEST_USER]);
+        command
+    } else {
+        let mut command = Command::new("runuser");
+        command
+            .args(["-u", TEST_USER, "--"])
+            .arg(example("container_run"))
+            .arg("--unprivileged");
+        command
+    };
+    let output = run(command
+        .args(options)
+        .arg(image)
+        .args(["--", "sh", "-c", script]));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    (output, stdout)
+}
+
+/// Gives users FUSE (the unprivileged mode mounts the image with it).
+fn allow_user_fuse() {
+    let fuse = std::fs::metadata("/dev/fuse").map(|m| m.permissions().mode() & 0o777);
+    if fuse.map_or(true, |mode| mode != 0o666) {
+        std::fs::set_permissions("/dev/fuse", std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
+}
+
+/// The `/proc/self/mountinfo` line of the mount at `target`, as the script
+/// prints it with `grep`.
+fn mountinfo_line<'a>(stdout: &'a str, target: &str) -> &'a str {
+    let needle = format!(" {target} ");
+    stdout
+        .lines()
+        .find(|line| line.contains(&needle) && line.contains(" - "))
+        .unwrap_or_else(|| panic!("no mount at {target} in:\n{stdout}"))
+}
+
+/// The mount script shared by the privileged and unprivileged mount tests.
+const MOUNTS_PROBE: &str = "cat /single/file.txt; echo x > /mnt/null && echo NULL=ok; \
+     touch /scratch/t && echo SCRATCH=ok; /data/busybox true; echo EXEC=$?; \
+     test -e /etc/hosts || echo NO_HOSTS; test -d /new/deep/dir && echo DEEP=ok; \
+     test -d /nest/in/side && echo NESTED=ok; \
+     grep -E ' /(data|scratch|shared|gone) ' /proc/self/mountinfo || true; echo END";
+
+fn check_mounts_probe(stdout: &str) {
+    assert!(
+        stdout.contains("hello from the host"),
+        "file bind: {stdout}"
+    );
+    assert!(stdout.contains("NULL=ok"), "char device bind: {stdout}");
+    assert!(stdout.contains("SCRATCH=ok"), "tmpfs: {stdout}");
+    assert!(!stdout.contains("EXEC=0"), "noexec: {stdout}");
+    assert!(
+        stdout.contains("NO_HOSTS"),
+        "umount of /etc/hosts: {stdout}"
+    );
+    assert!(stdout.contains("DEEP=ok"), "missing DST created: {stdout}");
+    assert!(
+        stdout.contains("NESTED=ok"),
+        "DST created in a tmpfs: {stdout}"
+    );
+    let data = mountinfo_line(stdout, "/data");
+    for option in ["ro", "nosuid", "nodev", "noexec"] {
+        assert!(
+            data.split(' ')
+                .nth(5)
+                .unwrap()
+                .split(',')
+                .any(|o| o == option),
+            "/data lacks {option}: {data}"
+        );
+    }
+    assert!(!data.contains("shared:"), "/data is private: {data}");
+    let scratch = mountinfo_line(stdout, "/scratch");
+    assert!(scratch.contains(" tmpfs "), "{scratch}");
+    assert!(scratch.contains("size=1024k"), "{scratch}");
+    assert!(scratch.contains("mode=770"), "{scratch}");
+    assert!(
+        mountinfo_line(stdout, "/shared").contains("shared:"),
+        "/shared is shared: {stdout}"
+    );
+    assert!(!stdout.contains(" /gone "), "/gone unmounted: {stdout}");
+    assert!(stdout.ends_with("END\n"), "{stdout}");
+}
+
+fn mounts_option(dir: &Path, data: &Path) -> String {
+    std::fs::copy(which("busybox").unwrap(), data.join("busybox")).unwrap();
+    let shared = dir.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
+    [
+        format!("{}:/data:ro+nosuid+nodev+noexec+rprivate", data.display()),
+        format!("{}/file:/single/file.txt:ro", data.display()),
+        "/dev/null:/mnt/null".to_string(),
+        "tmpfs:/scratch:size=1M+mode=0770".to_string(),
+        "umount:/etc/hosts".to_string(),
+        format!("{}:/new/deep/dir", shared.display()),
+        format!("{}:/shared:rshared", shared.display()),
+        "tmpfs:/gone,umount:/gone".to_string(),
+        format!("tmpfs:/nest,{}:/nest/in/side", shared.display()),
+    ]
+    .join(",")
+}
+
+#[test]
+fn mounts_with_flags_tmpfs_devices_and_umount() {
+    skip_unless_ready!();
+    let dir = scratch();
+    let image = dir.path().join("image.sqfs");
+    make_squashfs(&busybox_rootfs(dir.path()), &image);
+    let data = data_dir(dir.path());
+    let mounts = mounts_option(dir.path(), &data);
+    let (output, stdout) = run_in(&image, true, &["--mounts", &mounts], MOUNTS_PROBE);
+    assert!(output.status.success());
+    check_mounts_probe(&stdout);
+    assert_eq!(staging_mounts(), Vec::<String>::new());
+}
+
+#[test]
+fn unprivileged_mounts_with_flags_tmpfs_devices_and_umount() {
+    skip_unless_ready!("squashfuse", "fuse-overlayfs", "runuser");
+    allow_user_fuse();
+    let dir = scratch();
+    let image = dir.path().join("image.sqfs");
+    make_squashfs(&busybox_rootfs(dir.path()), &image);
+    let data = data_dir(dir.path());
+    let mounts = mounts_option(dir.path(), &data);
+    let (output, stdout) = run_in(&image, false, &["--mounts", &mounts], MOUNTS_PROBE);
+    assert!(output.status.success());
+    check_mounts_probe(&stdout);
+}
+
+#[test]
+fn mount_errors_name_the_entry_and_the_kernel_checks_the_user() {
+    skip_unless_ready!();
+    let dir = scratch();
+    let image = dir.path().join("image.sqfs");
+    make_squashfs(&busybox_rootfs(dir.path()), &image);
+
+    let (output, _) = run_in(&image, true, &["--mounts", "/tmp:/x:ro+bogus"], "true");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("'/tmp:/x:ro+bogus'"), "{stderr}");
+    assert!(stderr.contains("unknown flag 'bogus'"), "{stderr}");
+
+    // Root may read it, the user may not: the bind must fail.
+    let secret = dir.path().join("secret");
+    std::fs::create_dir_all(secret.join("inner")).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let source = secret.join("inner");
+    let (output, _) = run_in(
+        &image,
+        true,
+        &["--mounts", &format!("{}:/x", source.display())],
+        "true",
+    );
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(&source.display().to_string()), "{stderr}");
+
+    let (output, _) = run_in(&image, true, &["--mounts", "umount:/opt"], "true");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("umount:/opt"), "{stderr}");
+    assert_eq!(staging_mounts(), Vec::<String>::new());
+}
+
+/// Writes to `/` and to a bound `/tmp`, printing the shell's status and error.
+const WRITE_PROBE: &str =
+    "touch /srv/work/written 2>&1; echo ROOT=$?; touch /tmp/berth-probe-$$ && \
+     echo TMP=0 && rm /tmp/berth-probe-$$";
+
+#[test]
+fn readonly_root_refuses_writes_and_writable_root_takes_them() {
+    skip_unless_ready!("squashfuse", "fuse-overlayfs", "runuser");
+    allow_user_fuse();
+    let dir = scratch();
+    let image = dir.path().join("image.sqfs");
+    let rootfs = busybox_rootfs(dir.path());
+    // Writable for the user, so that only the mount can refuse.
+    std::fs::set_permissions(
+        rootfs.join("srv/work"),
+        std::fs::Permissions::from_mode(0o1777),
+    )
+    .unwrap();
+    make_squashfs(&rootfs, &image);
+    for privileged in [true, false] {
+        let (output, stdout) = run_in(&image, privileged, &["--readonly"], WRITE_PROBE);
+        assert!(output.status.success());
+        assert!(stdout.contains("Read-only file system"), "EROFS: {stdout}");
+        assert!(stdout.contains("ROOT=1"), "{stdout}");
+        assert!(stdout.contains("TMP=0"), "binds stay writable: {stdout}");
+
+        let (output, stdout) = run_in(&image, privileged, &[], WRITE_PROBE);
+        assert!(output.status.success());
+        assert!(stdout.contains("ROOT=0"), "writable by default: {stdout}");
+    }
+}
+
+#[test]
+fn mount_home_binds_the_users_home_at_its_path() {
+    skip_unless_ready!("squashfuse", "fuse-overlayfs", "runuser");
+    allow_user_fuse();
+    let user = test_user();
+    let home = Path::new(&user.home);
+    if !home.is_dir() {
+        std::fs::create_dir_all(home).unwrap();
+        std::os::unix::fs::chown(home, Some(user.uid), Some(user.gid)).unwrap();
+    }
+    let marker = home.join(".berth-test-home-marker");
+    std::fs::write(&marker, "home sweet home\n").unwrap();
+    let dir = scratch();
+    let image = dir.path().join("image.sqfs");
+    make_squashfs(&busybox_rootfs(dir.path()), &image);
+    let script = format!(
+        "cat {}; touch {}/.berth-written && echo W=0",
+        marker.display(),
+        home.display()
+    );
+    for privileged in [true, false] {
+        let (output, stdout) = run_in(&image, privileged, &["--mount-home"], &script);
+        assert!(output.status.success());
+        assert!(stdout.contains("home sweet home"), "{stdout}");
+        assert!(stdout.contains("W=0"), "home is writable: {stdout}");
+        assert!(home.join(".berth-written").exists());
+        std::fs::remove_file(home.join(".berth-written")).unwrap();
+
+        let (_, stdout) = run_in(
+            &image,
+            privileged,
+            &[],
+            &format!("test -e {} || echo ABSENT", marker.display()),
+        );
+        assert!(
+            stdout.contains("ABSENT"),
+            "no home without the option: {stdout}"
+        );
+    }
+    std::fs::remove_file(&marker).unwrap();
+}
+
+/// The host's namespace link of `kind` (`net:[4026531840]`).
+fn host_namespace(kind: &str) -> String {
+    std::fs::read_link(format!("/proc/self/ns/{kind}"))
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn unshared_namespaces_are_new_and_hostname_stays() {
+    skip_unless_ready!("squashfuse", "fuse-overlayfs", "runuser");
+    allow_user_fuse();
+    let dir = scratch();
+    let image = dir.path().join("image.sqfs");
+    make_squashfs(&busybox_rootfs(dir.path()), &image);
+    let host_name = nix::unistd::gethostname()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let script = "cat /proc/net/dev; ip -o link show lo; readlink /proc/self/ns/net; readlink /proc/self/ns/ipc; \
+         readlink /proc/self/ns/uts; hostname";
+    for privileged in [true, false] {
+        let (output, stdout) = run_in(&image, privileged, &["--unshare", "net,ipc,uts"], script);
+        assert!(output.status.success());
+        let interfaces: Vec<&str> = stdout
+            .lines()
+            .filter_map(|line| line.split_once(':'))
+            .filter(|(name, rest)| {
+                !name.contains('|') && !rest.starts_with('[') && !rest.contains('<')
+            })
+            .map(|(name, _)| name.trim())
+            .collect();
+        assert_eq!(
+            interfaces,
+            vec!["lo"],
+            "only lo with net unshared: {stdout}"
+        );
+        assert!(stdout.contains("<LOOPBACK,UP"), "lo is up: {stdout}");
+        for kind in ["net", "ipc", "uts"] {
+            let host = host_namespace(kind);
+            let inside = stdout
+                .lines()
+                .find(|line| line.starts_with(&format!("{kind}:[")))
+                .unwrap_or_else(|| panic!("no {kind} namespace in {stdout}"));
+            assert_ne!(inside, host, "{kind} namespace is new");
+        }
+        assert!(
+            stdout.ends_with(&format!("{host_name}\n")),
+            "hostname stays: {stdout}"
+        );
+
+        let (_, stdout) = run_in(&image, privileged, &[], "readlink /proc/self/ns/ipc");
+        assert_eq!(stdout.trim(), host_namespace("ipc"), "host ipc by default");
+    }
+}
+
+#[test]
+fn remap_root_shows_root_inside_and_the_user_outside() {
+    skip_unless_ready!("squashfuse", "fuse-overlayfs", "runuser");
+    allow_user_fuse();
+    let dir = scratch();
+    let image = dir.path().join("image.sqfs");
+    make_squashfs(&busybox_rootfs(dir.path()), &image);
+    let data = data_dir(dir.path());
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let user = test_user();
+    std::os::unix::fs::chown(&out, Some(user.uid), Some(user.gid)).unwrap();
+    let mounts = format!("{}:/out", out.display());
+    // chown to ids the namespace does not map: only the seccomp filter of
+    // remap-root makes it "succeed" (without effect).
+    let script = "id; whoami; grep ^root: /etc/passwd; touch /out/made; \
+         chown 4242:4242 /out/made && echo CHOWN=0; echo END";
+    for privileged in [true, false] {
+        let (output, stdout) = run_in(
+            &image,
+            privileged,
+            &["--remap-root", "--mounts", &mounts],
+            script,
+        );
+        assert!(output.status.success());
+        assert!(stdout.starts_with("uid=0(root) gid=0(root)"), "{stdout}");
+        assert!(stdout.contains("\nroot\n"), "whoami: {stdout}");
+        assert!(stdout.contains("root:x:0:0:"), "/etc/passwd: {stdout}");
+        assert!(stdout.ends_with("CHOWN=0\nEND\n"), "{stdout}");
+        let made = std::fs::metadata(out.join("made")).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(
+            (made.uid(), made.gid()),
+            (user.uid, user.gid),
+            "the user's on the host"
+        );
+        std::fs::remove_file(out.join("made")).unwrap();
+
+        let (_, stdout) = run_in(&image, privileged, &[], "chown 4242 /tmp || echo REFUSED");
+        assert!(
+            stdout.contains("REFUSED"),
+            "no filter without remap-root: {stdout}"
+        );
+    }
+    drop(data);
+}
+
+#[test]
+fn entrypoint_runs_before_the_command_or_the_image_cmd() {
+    skip_unless_ready!();
+    let dir = scratch();
+    let image = dir.path().join("image.sqfs");
+    make_squashfs(&busybox_rootfs(dir.path()), &image);
+    let config = dir.path().join("config.json");
+    let json = serde_json::json!({
+        "env": ["PATH=/bin"],
+        "entrypoint": ["/bin/echo", "from-entrypoint"],
+        "cmd": ["from-cmd"],
+    });
+    std::fs::write(&config, json.to_string()).unwrap();
+    let run_with = |command: &[&str]| {
+        let output = run(Command::new(example("container_run"))
+            .args([
+                "--privileged",
+                "--user",
+                TEST_USER,
+                "--entrypoint",
+                "--config",
+            ])
+            .arg(&config)
+            .arg(&image)
+            .arg("--")
+            .args(command));
+        assert!(output.status.success());
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    assert_eq!(run_with(&["given"]), "from-entrypoint given\n");
+    assert_eq!(run_with(&[]), "from-entrypoint from-cmd\n");
 }

@@ -10,8 +10,11 @@
 //! 3. host `/proc`, `/sys`, `/dev`, `/tmp`, `/etc/hosts`, `/etc/resolv.conf`;
 //! 4. drop to the user, then a new user and mount namespace, whose maps the
 //!    caller writes (`NeedMaps` / `MapsWritten`);
-//! 5. the user's own bind mounts (the kernel checks the user's permissions),
-//!    then pivot_root; `Ready`, wait for `Release`, exit.
+//! 5. the user's own mounts (home, `--container-mounts`, runtime binds; the
+//!    kernel checks the user's permissions), then pivot_root, then the root
+//!    made read-only unless the container is writable (the overlay stays, so
+//!    `/etc/passwd` and mount points could be written before); `Ready`, wait
+//!    for `Release`, exit.
 //!
 //! Unprivileged mode (the holder is the user): user and mount namespace first
 //! (self maps), then `squashfuse` and `fuse-overlayfs` instead of the loop
@@ -37,9 +40,11 @@ use crate::container::creds;
 use crate::container::etcfiles::{group_content, passwd_content};
 use crate::container::fuse::{self, FuseMount};
 use crate::container::loopdev::LoopDevice;
+use crate::container::mountplan::MountPlan;
 use crate::container::mounts::{self, StagingPaths};
+use crate::container::netns;
 use crate::container::safepath::RootDir;
-use crate::container::spec::{ContainerSpec, Mode, UserIdentity};
+use crate::container::spec::{ContainerSpec, Mode, Namespace, UserIdentity, UserMount};
 
 /// The first argument that makes the `berth` binary run [`holder_main`].
 pub const HOLDER_ARG: &str = "__holder";
@@ -99,8 +104,9 @@ fn serve(channel: &mut Channel) -> anyhow::Result<()> {
 }
 
 fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Result<()> {
+    let plan = MountPlan::new(spec, mounts::system_binds())?;
     let root = mount_image_with_loop_device(spec).context("mounting the image")?;
-    prepare_root(&root, spec).context("preparing the root file system")?;
+    prepare_root(&root, spec, &plan).context("preparing the root file system")?;
     let user = &spec.user;
     creds::become_user(user.uid, user.gid, &user.all_gids()).with_context(|| {
         format!(
@@ -112,19 +118,20 @@ fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Resu
         )
     })?;
     enter_user_namespace(channel, spec).context("creating the user namespace")?;
-    finish(channel, spec, &root, Vec::new())
+    finish(channel, spec, &plan, &root, Vec::new())
 }
 
 fn build_unprivileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Result<()> {
+    let plan = MountPlan::new(spec, mounts::system_binds())?;
     enter_user_namespace(channel, spec).context("creating the user namespace")?;
     let (root, daemons) = mount_image_with_fuse(spec).context("mounting the image")?;
-    prepare_root(&root, spec).context("preparing the root file system")?;
+    prepare_root(&root, spec, &plan).context("preparing the root file system")?;
     // The daemons must keep the host's root: one whose root or working
     // directory is its own mount deadlocks on the first path lookup. So they
     // stay in this mount namespace, and pivot_root happens in a new one.
     unshare(CloneFlags::CLONE_NEWNS)
         .context("cannot create the container's mount namespace (unshare CLONE_NEWNS)")?;
-    finish(channel, spec, &root, daemons)
+    finish(channel, spec, &plan, &root, daemons)
 }
 
 /// Stage 1, privileged: a private mount namespace; the image on a loop
@@ -157,45 +164,59 @@ fn mount_image_with_fuse(spec: &ContainerSpec) -> anyhow::Result<(PathBuf, Vec<F
     let staging = unprivileged_staging_dir(spec.user.uid)?;
     let paths = prepare_staging(&staging)?;
     let image = fuse::mount_squashfuse(&spec.squashfs, &paths.lower)?;
-    let overlay = fuse::mount_fuse_overlayfs(&paths, spec.user.uid, spec.user.gid)?;
+    // Files show as the user's, in the ids the namespace gives the user.
+    let user = spec.user_inside();
+    let overlay = fuse::mount_fuse_overlayfs(&paths, user.uid, user.gid)?;
     Ok((paths.root, vec![overlay, image]))
 }
 
 /// Stages 2 and 3, still with the holder's first credentials: `/etc/passwd`,
 /// `/etc/group`, a mount point for every bind, and the host's directories.
-fn prepare_root(root_path: &Path, spec: &ContainerSpec) -> anyhow::Result<()> {
+fn prepare_root(root_path: &Path, spec: &ContainerSpec, plan: &MountPlan) -> anyhow::Result<()> {
     let root = open_root(root_path)?;
-    let system_binds = mounts::system_binds();
-    write_etc_file(&root, "/etc/passwd", &spec.user, passwd_content)?;
-    write_etc_file(&root, "/etc/group", &spec.user, group_content)?;
-    let binds = system_binds
-        .iter()
-        .chain(&spec.mounts)
-        .chain(&spec.extra_binds);
-    for bind in binds {
-        mounts::create_mount_point(&root, bind)?;
+    let user = spec.user_inside();
+    write_etc_file(&root, "/etc/passwd", &user, passwd_content)?;
+    write_etc_file(&root, "/etc/group", &user, group_content)?;
+    for bind in &plan.system {
+        mounts::create_mount_point(&root, &UserMount::from(bind.clone()))?;
     }
-    for bind in &system_binds {
+    for mount in &plan.user {
+        mounts::create_mount_point(&root, mount)?;
+    }
+    for bind in &plan.system {
         mounts::bind_into(&root, bind)?;
     }
     Ok(())
 }
 
-/// Creates the user (and mount, and maybe UTS) namespace, has the caller write
-/// its maps, and sets the hostname.
+/// Creates the user and mount namespaces (and those `spec` asks for: UTS,
+/// network, IPC), has the caller write the maps, and sets the hostname.
 fn enter_user_namespace(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Result<()> {
     let mut flags = CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS;
-    if spec.hostname.is_some() {
+    if spec.has_own_uts() {
         flags |= CloneFlags::CLONE_NEWUTS;
     }
-    unshare(flags).context(
-        "cannot create a user namespace (unshare CLONE_NEWUSER): are user namespaces \
-         enabled (sysctl user.max_user_namespaces, kernel.unprivileged_userns_clone)?",
-    )?;
+    for kind in &spec.unshare {
+        flags |= match kind {
+            Namespace::Net => CloneFlags::CLONE_NEWNET,
+            Namespace::Ipc => CloneFlags::CLONE_NEWIPC,
+            Namespace::Uts => CloneFlags::CLONE_NEWUTS,
+        };
+    }
+    unshare(flags).with_context(|| {
+        format!(
+            "cannot create the container's namespaces (unshare {flags:?}): are user namespaces \
+             enabled (sysctl user.max_user_namespaces, kernel.unprivileged_userns_clone)?"
+        )
+    })?;
     channel.send(&FromHolder::NeedMaps {
         pid: std::process::id() as i32,
     })?;
     expect(channel, ToHolder::MapsWritten)?;
+    if spec.unshare.contains(&Namespace::Net) {
+        netns::bring_loopback_up()
+            .context("cannot set the loopback interface of the new network namespace up")?;
+    }
     if let Some(hostname) = &spec.hostname {
         nix::unistd::sethostname(hostname)
             .with_context(|| format!("cannot set the container hostname to '{hostname}'"))?;
@@ -209,17 +230,21 @@ fn enter_user_namespace(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::
 fn finish(
     channel: &mut Channel,
     spec: &ContainerSpec,
+    plan: &MountPlan,
     root_path: &Path,
     daemons: Vec<FuseMount>,
 ) -> anyhow::Result<()> {
     // A descriptor opened before unshare names the old namespace's mounts:
     // open the root again in this one.
     let root = open_root(root_path).context("mounting your directories")?;
-    for bind in spec.mounts.iter().chain(&spec.extra_binds) {
-        mounts::bind_into(&root, bind).context("mounting your directories")?;
+    for mount in &plan.user {
+        mounts::apply(&root, mount).context("mounting your directories")?;
     }
     drop(root);
     mounts::pivot_into(root_path).context("entering the root file system")?;
+    if !spec.writable {
+        mounts::make_root_read_only()?;
+    }
     let workdir = spec.effective_workdir();
     if !Path::new(workdir).is_dir() {
         bail!(

@@ -15,10 +15,11 @@ use nix::errno::Errno;
 use nix::sched::{setns, CloneFlags};
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 
-use crate::container::creds;
+use crate::container::entrypoint::command_with_entrypoint;
 use crate::container::env::task_env;
 use crate::container::fuse::{self, Daemon};
-use crate::container::spec::{ContainerSpec, UserIdentity};
+use crate::container::spec::{ContainerSpec, Namespace, UserIdentity};
+use crate::container::{creds, seccomp};
 use crate::image::ImageConfig;
 
 /// The `PATH` searched when the task environment has none.
@@ -34,8 +35,11 @@ const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 pub struct Container {
     user_ns: OwnedFd,
     mount_ns: OwnedFd,
-    uts_ns: Option<OwnedFd>,
+    /// The other namespaces of its own (UTS, network, IPC), in join order.
+    namespaces: Vec<(Namespace, OwnedFd)>,
     workdir: String,
+    /// Install the remap-root seccomp filter in each process that enters.
+    remap_root: bool,
     image_config: ImageConfig,
     user: UserIdentity,
     daemons: Vec<Daemon>,
@@ -52,6 +56,9 @@ enum Step {
     MountNamespace = 4,
     Workdir = 5,
     Exec = 6,
+    IpcNamespace = 7,
+    NetNamespace = 8,
+    Seccomp = 9,
 }
 
 impl Step {
@@ -63,6 +70,9 @@ impl Step {
             Step::MountNamespace,
             Step::Workdir,
             Step::Exec,
+            Step::IpcNamespace,
+            Step::NetNamespace,
+            Step::Seccomp,
         ]
         .into_iter()
         .find(|step| *step as u8 == code)
@@ -73,15 +83,16 @@ impl Container {
     pub(crate) fn new(
         user_ns: OwnedFd,
         mount_ns: OwnedFd,
-        uts_ns: Option<OwnedFd>,
+        namespaces: Vec<(Namespace, OwnedFd)>,
         spec: &ContainerSpec,
         daemons: Vec<Daemon>,
     ) -> Container {
         Container {
             user_ns,
             mount_ns,
-            uts_ns,
+            namespaces,
             workdir: spec.effective_workdir().to_string(),
+            remap_root: spec.remap_root,
             image_config: spec.image_config.clone(),
             user: spec.user.clone(),
             daemons,
@@ -105,6 +116,13 @@ impl Container {
         self.daemons.iter().map(Daemon::pid).collect()
     }
 
+    /// The command a task runs with the image entrypoint enabled
+    /// (`--container-entrypoint`): ENTRYPOINT + `argv`, or ENTRYPOINT + CMD
+    /// when `argv` is empty (see [`command_with_entrypoint`]).
+    pub fn command_with_entrypoint(&self, argv: &[String]) -> Vec<String> {
+        command_with_entrypoint(&self.image_config, argv)
+    }
+
     /// A task's environment: `job_env` with the image's `Env` on top
     /// (see [`task_env`]).
     pub fn env<I>(&self, job_env: I) -> Vec<(String, String)>
@@ -115,8 +133,10 @@ impl Container {
     }
 
     /// Moves the calling process into the container: its user namespace, its
-    /// UTS namespace (when it has a hostname), its mount namespace, and the
-    /// working directory. The process must be single-threaded and should exec
+    /// UTS, network and IPC namespaces (those it has of its own), its mount
+    /// namespace, and the working directory; with remap-root, it also gets the
+    /// seccomp filter that makes chown and set*id calls succeed without
+    /// effect. The process must be single-threaded and should exec
     /// soon after (a Slurm task in `slurm_spank_task_init`, running as the user).
     pub fn join(&self) -> anyhow::Result<()> {
         let workdir = CString::new(self.workdir.as_bytes())
@@ -200,13 +220,20 @@ impl Container {
     fn enter(&self, workdir: &CStr) -> Result<(), (Step, Errno)> {
         setns(self.user_ns.as_fd(), CloneFlags::CLONE_NEWUSER)
             .map_err(|errno| (Step::UserNamespace, errno))?;
-        if let Some(uts_ns) = &self.uts_ns {
-            setns(uts_ns.as_fd(), CloneFlags::CLONE_NEWUTS)
-                .map_err(|errno| (Step::UtsNamespace, errno))?;
+        for (kind, fd) in &self.namespaces {
+            let (flag, step) = match kind {
+                Namespace::Uts => (CloneFlags::CLONE_NEWUTS, Step::UtsNamespace),
+                Namespace::Ipc => (CloneFlags::CLONE_NEWIPC, Step::IpcNamespace),
+                Namespace::Net => (CloneFlags::CLONE_NEWNET, Step::NetNamespace),
+            };
+            setns(fd.as_fd(), flag).map_err(|errno| (step, errno))?;
         }
         setns(self.mount_ns.as_fd(), CloneFlags::CLONE_NEWNS)
             .map_err(|errno| (Step::MountNamespace, errno))?;
         nix::unistd::chdir(workdir).map_err(|errno| (Step::Workdir, errno))?;
+        if self.remap_root {
+            seccomp::install_remap_root_filter().map_err(|err| (Step::Seccomp, errno_of(&err)))?;
+        }
         Ok(())
     }
 
@@ -225,6 +252,16 @@ impl Container {
             Step::UtsNamespace => {
                 format!("cannot join the container's UTS namespace (setns): {errno}")
             }
+            Step::IpcNamespace => {
+                format!("cannot join the container's IPC namespace (setns): {errno}")
+            }
+            Step::NetNamespace => {
+                format!("cannot join the container's network namespace (setns): {errno}")
+            }
+            Step::Seccomp => format!(
+                "cannot install the seccomp filter of --container-remap-root: {errno}; run \
+                 without --container-remap-root"
+            ),
             Step::MountNamespace => {
                 format!("cannot join the container's mount namespace (setns): {errno}")
             }
@@ -450,7 +487,7 @@ mod tests {
 
     #[test]
     fn steps_round_trip_through_codes() {
-        for code in 1..=6 {
+        for code in 1..=9 {
             assert_eq!(Step::from_code(code).unwrap() as u8, code);
         }
         assert_eq!(Step::from_code(0), None);

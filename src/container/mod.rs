@@ -12,28 +12,40 @@
 //! is given), the host's mount table (everything happens in private mount
 //! namespaces), and any path outside the image root except bind sources.
 //!
-//! Modules, one job each: [`spec`] (what a container is, as data), [`env`](mod@env)
-//! (task environment), [`etcfiles`] (passwd and group), [`safepath`] (path
-//! operations a hostile image cannot escape), [`loopdev`] (loop devices),
-//! [`mounts`] (mount operations), `fuse` (daemons of unprivileged mode),
+//! Modules, one job each: [`spec`] (what a container is, as data),
+//! [`usermount`] (the `--container-mounts` grammar), [`mountplan`] (which
+//! mounts, in which order), [`env`](mod@env) (task environment),
+//! [`entrypoint`] (the command with the image ENTRYPOINT), [`etcfiles`]
+//! (passwd and group), [`safepath`] (path operations a hostile image cannot
+//! escape), [`loopdev`] (loop devices), [`mounts`] (mount operations), `fuse`
+//! (daemons of unprivileged mode), `netns` (loopback up in a new network
+//! namespace), `seccomp` (the remap-root filter),
 //! [`channel`] (messages to and from the holder), [`holder`] (the stages),
 //! `spawn` (the caller's side) and `join` (the [`Container`]).
 
 pub mod channel;
 mod creds;
+pub mod entrypoint;
 pub mod env;
 pub mod etcfiles;
 mod fuse;
 pub mod holder;
 mod join;
 pub mod loopdev;
+pub mod mountplan;
 pub mod mounts;
+mod netns;
 pub mod safepath;
+mod seccomp;
 mod spawn;
 pub mod spec;
+pub mod usermount;
 
 pub use env::task_env;
 pub use holder::{holder_main, HOLDER_ARG};
 pub use join::Container;
 pub use spawn::spawn_holder;
-pub use spec::{parse_mounts, ContainerSpec, Mode, MountSpec, MountSpecError, UserIdentity};
+pub use spec::{
+    parse_mounts, ContainerSpec, Mode, MountSpec, MountSpecError, Namespace, UserIdentity,
+    UserMount,
+};

@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
 use crate::container::safepath::{Kind, RootDir};
-use crate::container::spec::MountSpec;
+use crate::container::spec::{MountKind, MountSpec, Propagation, UserMount};
 
 /// Host paths every container gets, bound at the same place inside, and
 /// whether read-only. `/dev` brings `/dev/shm` and `/dev/pts` along.
@@ -114,58 +114,177 @@ pub fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> 
     })
 }
 
-/// Creates the mount point for `bind` inside `root`: a directory or an empty
-/// file, like its source. Fails when the source does not exist.
-pub fn create_mount_point(root: &RootDir, bind: &MountSpec) -> anyhow::Result<()> {
-    let meta = std::fs::metadata(&bind.source).with_context(|| {
-        format!(
-            "mount source {} does not exist or cannot be read (mount {} -> {})",
-            bind.source.display(),
-            bind.source.display(),
-            bind.target.display()
-        )
-    })?;
-    let kind = if meta.is_dir() { Kind::Dir } else { Kind::File };
-    root.ensure(&bind.target, kind).with_context(|| {
-        format!(
-            "cannot create mount point {} in the container for {}",
-            bind.target.display(),
-            bind.source.display()
-        )
-    })?;
+/// Creates the mount point for `mount` inside `root`: a directory or an empty
+/// file, like a bind's source (a file or a character device gets a file); a
+/// directory for a tmpfs; nothing for an unmount. Fails when a bind's source
+/// does not exist.
+pub fn create_mount_point(root: &RootDir, mount: &UserMount) -> anyhow::Result<()> {
+    if let Some(kind) = mount_point_kind(mount)? {
+        ensure_mount_point(root, mount, kind)?;
+    }
     Ok(())
 }
 
+/// What the mount point of `mount` must be; `None` for an unmount.
+fn mount_point_kind(mount: &UserMount) -> anyhow::Result<Option<Kind>> {
+    let kind = match mount.kind {
+        MountKind::Umount => return Ok(None),
+        MountKind::Tmpfs => Kind::Dir,
+        MountKind::Bind => {
+            let meta = std::fs::metadata(&mount.source).with_context(|| {
+                format!(
+                    "mount source {} does not exist or cannot be read (mount {})",
+                    mount.source.display(),
+                    describe(mount)
+                )
+            })?;
+            if meta.is_dir() {
+                Kind::Dir
+            } else {
+                Kind::File
+            }
+        }
+    };
+    Ok(Some(kind))
+}
+
+fn ensure_mount_point(root: &RootDir, mount: &UserMount, kind: Kind) -> anyhow::Result<OwnedFd> {
+    root.ensure(&mount.target, kind).with_context(|| {
+        format!(
+            "cannot create mount point {} in the container (mount {})",
+            mount.target.display(),
+            describe(mount)
+        )
+    })
+}
+
+/// `'SRC:DST'`, as in `--container-mounts`, for messages.
+fn describe(mount: &UserMount) -> String {
+    format!("'{}:{}'", mount.source.display(), mount.target.display())
+}
+
+/// Applies one mount inside `root`: a bind, a tmpfs, or an unmount, with its
+/// flags and propagation. Targets are resolved safely inside `root`, after the
+/// mounts made before (so nested targets land on the outer mount, and a
+/// missing one is created there, with the caller's permissions).
+pub fn apply(root: &RootDir, mount: &UserMount) -> anyhow::Result<()> {
+    let target = match mount_point_kind(mount)? {
+        Some(kind) => ensure_mount_point(root, mount, kind)?,
+        None => root.resolve(&mount.target).with_context(|| {
+            format!(
+                "mount {}: nothing to unmount, {} does not exist in the container",
+                describe(mount),
+                mount.target.display()
+            )
+        })?,
+    };
+    match mount.kind {
+        MountKind::Bind => bind_tree(&mount.source, target.as_fd(), attributes_of(mount))
+            .with_context(|| format!("cannot bind-mount {}", describe(mount)))?,
+        MountKind::Tmpfs => mount_tmpfs_at(target.as_fd(), mount)
+            .with_context(|| format!("cannot mount a tmpfs on {}", mount.target.display()))?,
+        MountKind::Umount => {
+            return umount2(fd_path(target.as_fd()).as_str(), MntFlags::MNT_DETACH).with_context(
+                || {
+                    format!(
+                        "cannot unmount {} in the container (umount:{}): is anything mounted \
+                         there?",
+                        mount.target.display(),
+                        mount.target.display()
+                    )
+                },
+            )
+        }
+    }
+    if let Some(propagation) = mount.flags.propagation {
+        // The descriptor taken before names the mount point under the new
+        // mount: resolve again to reach the new mount's root.
+        let attached = root
+            .resolve(&mount.target)
+            .with_context(|| format!("mount {}: cannot find it after mounting", describe(mount)))?;
+        set_propagation(
+            attached.as_fd(),
+            propagation,
+            mount.flags.recursive_propagation,
+        )
+        .with_context(|| {
+            format!(
+                "cannot set propagation {propagation:?} on mount {}",
+                describe(mount)
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// The `/proc/self/fd/N` path of a descriptor, which the mount calls follow
+/// to the object itself (no second lookup of the path inside the root).
+fn fd_path(fd: BorrowedFd<'_>) -> String {
+    format!("/proc/self/fd/{}", fd.as_raw_fd())
+}
+
+/// Mounts a tmpfs with the mount's options and flags on `target`.
+fn mount_tmpfs_at(target: BorrowedFd<'_>, mount: &UserMount) -> anyhow::Result<()> {
+    let mut flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    if mount.read_only {
+        flags |= MsFlags::MS_RDONLY;
+    }
+    if mount.flags.noexec {
+        flags |= MsFlags::MS_NOEXEC;
+    }
+    let options = mount.tmpfs_options.join(",");
+    nix::mount::mount(
+        Some("tmpfs"),
+        fd_path(target).as_str(),
+        Some("tmpfs"),
+        flags,
+        Some(options.as_str()),
+    )
+    .with_context(|| format!("tmpfs options '{options}'"))
+}
+
 /// Bind-mounts (recursively) `bind.source` from the host onto `bind.target`
-/// inside `root`, read-only if asked. The source is resolved with the caller's
-/// own permissions; the target is resolved safely inside `root`, after the
-/// binds made before (so nested targets land on the outer bind).
+/// inside `root`, read-only if asked. See [`apply`].
+pub fn bind_into(root: &RootDir, bind: &MountSpec) -> anyhow::Result<()> {
+    apply(root, &UserMount::from(bind.clone()))
+}
+
+/// Attributes to set on a new mount (mount_setattr(2) `MOUNT_ATTR_*` bits).
+fn attributes_of(mount: &UserMount) -> u64 {
+    const MOUNT_ATTR_RDONLY: u64 = 0x1;
+    const MOUNT_ATTR_NOSUID: u64 = 0x2;
+    const MOUNT_ATTR_NODEV: u64 = 0x4;
+    const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+    [
+        (mount.read_only, MOUNT_ATTR_RDONLY),
+        (mount.flags.nosuid, MOUNT_ATTR_NOSUID),
+        (mount.flags.nodev, MOUNT_ATTR_NODEV),
+        (mount.flags.noexec, MOUNT_ATTR_NOEXEC),
+    ]
+    .into_iter()
+    .filter(|(wanted, _)| *wanted)
+    .fold(0, |bits, (_, bit)| bits | bit)
+}
+
+/// Binds the host tree at `source` onto `target`.
 ///
 /// Uses the mount API of Linux 5.2: the source tree is cloned detached
-/// (open_tree), made read-only there if asked (so it is never writable in the
-/// container, not even for a moment), then attached onto the resolved target
-/// descriptor (move_mount), with no second lookup of the target path.
-pub fn bind_into(root: &RootDir, bind: &MountSpec) -> anyhow::Result<()> {
-    let describe = || format!("{} -> {}", bind.source.display(), bind.target.display());
-    let target = root.resolve(&bind.target).with_context(|| {
+/// (open_tree, the source resolved with the caller's own permissions), given
+/// its attributes there (so it is never writable in the container, not even
+/// for a moment, when read-only), then attached onto the target descriptor
+/// (move_mount), with no second lookup of the target path.
+fn bind_tree(source: &Path, target: BorrowedFd<'_>, attributes: u64) -> anyhow::Result<()> {
+    let tree = clone_tree(source).with_context(|| {
         format!(
-            "bind mount {}: cannot find mount point {} in the container",
-            describe(),
-            bind.target.display()
+            "check that {} exists and that you may read it",
+            source.display()
         )
     })?;
-    let tree = clone_tree(&bind.source).with_context(|| {
-        format!(
-            "cannot bind-mount {}: check that the source exists and that you may read it",
-            describe()
-        )
-    })?;
-    if bind.read_only {
-        set_read_only(tree.as_fd())
-            .with_context(|| format!("cannot make bind mount {} read-only", describe()))?;
+    if attributes != 0 {
+        set_attributes(tree.as_fd(), attributes, 0, true)
+            .context("cannot set the mount flags (ro, nosuid, nodev, noexec)")?;
     }
-    attach_tree(tree.as_fd(), target.as_fd())
-        .with_context(|| format!("cannot attach bind mount {}", describe()))
+    attach_tree(tree.as_fd(), target).context("cannot attach the mount")
 }
 
 /// open_tree(2) with OPEN_TREE_CLONE | AT_RECURSIVE: a detached copy of the
@@ -210,6 +329,44 @@ fn attach_tree(tree: BorrowedFd<'_>, target: BorrowedFd<'_>) -> io::Result<()> {
 /// Makes the mount at `mount_root` and every mount below it read-only
 /// (mount_setattr(2), which keeps the other mount flags as they are).
 pub fn set_read_only(mount_root: BorrowedFd<'_>) -> io::Result<()> {
+    const MOUNT_ATTR_RDONLY: u64 = 0x1;
+    set_attributes(mount_root, MOUNT_ATTR_RDONLY, 0, true)
+}
+
+/// Makes the root mount of the current mount namespace (only that mount, not
+/// the ones below it) read-only.
+pub fn make_root_read_only() -> anyhow::Result<()> {
+    const MOUNT_ATTR_RDONLY: u64 = 0x1;
+    let root = std::fs::File::open("/").context("cannot open / of the container")?;
+    set_attributes(root.as_fd(), MOUNT_ATTR_RDONLY, 0, false)
+        .context("cannot make the container's root file system read-only")
+}
+
+/// Sets the propagation of the mount at `mount_root` (and below it when
+/// `recursive`).
+fn set_propagation(
+    mount_root: BorrowedFd<'_>,
+    propagation: Propagation,
+    recursive: bool,
+) -> io::Result<()> {
+    let flag = match propagation {
+        Propagation::Private => libc::MS_PRIVATE,
+        Propagation::Slave => libc::MS_SLAVE,
+        Propagation::Shared => libc::MS_SHARED,
+        Propagation::Unbindable => libc::MS_UNBINDABLE,
+    };
+    set_attributes(mount_root, 0, flag, recursive)
+}
+
+/// mount_setattr(2): adds the `MOUNT_ATTR_*` bits `set` and, when not 0, sets
+/// propagation `propagation` (`MS_PRIVATE`, ...) on the mount at `mount_root`,
+/// and on every mount below it when `recursive`.
+fn set_attributes(
+    mount_root: BorrowedFd<'_>,
+    set: u64,
+    propagation: u64,
+    recursive: bool,
+) -> io::Result<()> {
     /// `struct mount_attr` of `<linux/mount.h>`.
     #[repr(C)]
     struct MountAttr {
@@ -218,13 +375,16 @@ pub fn set_read_only(mount_root: BorrowedFd<'_>) -> io::Result<()> {
         propagation: u64,
         userns_fd: u64,
     }
-    const MOUNT_ATTR_RDONLY: u64 = 0x1;
     let attr = MountAttr {
-        attr_set: MOUNT_ATTR_RDONLY,
+        attr_set: set,
         attr_clr: 0,
-        propagation: 0,
+        propagation,
         userns_fd: 0,
     };
+    let mut flags = libc::AT_EMPTY_PATH;
+    if recursive {
+        flags |= libc::AT_RECURSIVE;
+    }
     // SAFETY: the path is a valid empty C string, `attr` is a valid mount_attr
     // whose size we pass, and both outlive the call.
     let ret = unsafe {
@@ -232,7 +392,7 @@ pub fn set_read_only(mount_root: BorrowedFd<'_>) -> io::Result<()> {
             libc::SYS_mount_setattr,
             mount_root.as_raw_fd(),
             b"\0".as_ptr().cast::<libc::c_char>(),
-            libc::AT_EMPTY_PATH | libc::AT_RECURSIVE,
+            flags,
             &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )
@@ -309,6 +469,18 @@ mod tests {
             assert_eq!(bind.read_only, ro, "{bind:?}");
         }
         assert!(binds.iter().any(|b| b.source == Path::new("/proc")));
+    }
+
+    #[test]
+    fn attributes_follow_flags() {
+        let mut mount = crate::container::spec::parse_mounts("/a:/b:ro+noexec").unwrap()[0].clone();
+        assert_eq!(attributes_of(&mount), 0x1 | 0x8);
+        mount.read_only = false;
+        mount.flags.noexec = false;
+        assert_eq!(attributes_of(&mount), 0);
+        mount.flags.nosuid = true;
+        mount.flags.nodev = true;
+        assert_eq!(attributes_of(&mount), 0x2 | 0x4);
     }
 
     #[test]

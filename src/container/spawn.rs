@@ -16,7 +16,7 @@ use crate::container::creds;
 use crate::container::fuse::Daemon;
 use crate::container::holder::{HOLDER_ARG, HOLDER_FD};
 use crate::container::join::Container;
-use crate::container::spec::{ContainerSpec, Mode, UserIdentity};
+use crate::container::spec::{ContainerSpec, Mode, Namespace, UserIdentity};
 
 /// How long the caller waits for any one answer of the holder.
 const STEP_TIMEOUT: Duration = Duration::from_secs(120);
@@ -100,16 +100,16 @@ fn drive(
     loop {
         match channel.recv::<FromHolder>()? {
             FromHolder::NeedMaps { .. } => {
-                write_id_maps(pid, &spec.user, mode)?;
+                write_id_maps(pid, &spec.user, mode, spec.remap_root)?;
                 channel.send(&ToHolder::MapsWritten)?;
             }
             FromHolder::Ready { fuse_pids, .. } => {
                 let user_ns = open_namespace(pid, "user")?;
                 let mount_ns = open_namespace(pid, "mnt")?;
-                let uts_ns = match spec.hostname {
-                    Some(_) => Some(open_namespace(pid, "uts")?),
-                    None => None,
-                };
+                let namespaces = own_namespaces(spec)
+                    .into_iter()
+                    .map(|kind| Ok((kind, open_namespace(pid, kind.name())?)))
+                    .collect::<anyhow::Result<Vec<_>>>()?;
                 let daemons = fuse_pids
                     .into_iter()
                     .map(|fuse_pid| {
@@ -118,13 +118,25 @@ fn drive(
                         })
                     })
                     .collect::<anyhow::Result<Vec<_>>>()?;
-                let container = Container::new(user_ns, mount_ns, uts_ns, spec, daemons);
+                let container = Container::new(user_ns, mount_ns, namespaces, spec, daemons);
                 channel.send(&ToHolder::Release)?;
                 return Ok(container);
             }
             FromHolder::Failed { error } => bail!("{error}"),
         }
     }
+}
+
+/// The namespaces besides user and mount that the container has of its own,
+/// in the order a task joins them.
+fn own_namespaces(spec: &ContainerSpec) -> Vec<Namespace> {
+    let mut kinds = spec.unshare.clone();
+    if spec.has_own_uts() {
+        kinds.push(Namespace::Uts);
+    }
+    kinds.sort();
+    kinds.dedup();
+    kinds
 }
 
 /// Reaps the helper. After a failure it is killed first (it may be stuck);
@@ -183,24 +195,41 @@ fn hand_over_channel(fd: RawFd) -> std::io::Result<()> {
 /// user is root (a user who became uid 0 inside must not own host root's
 /// files). Unprivileged: the kernel allows only the caller's own uid and gid,
 /// with setgroups denied.
-pub(crate) fn id_maps(user: &UserIdentity, mode: Mode) -> (String, &'static str, String) {
-    let uid_map = format!("{0} {0} 1\n", user.uid);
+///
+/// With `remap_root`, uid 0 and gid 0 inside are the user's uid and primary
+/// gid (never host root's unless the user is root); the other groups keep
+/// their ids.
+pub(crate) fn id_maps(
+    user: &UserIdentity,
+    mode: Mode,
+    remap_root: bool,
+) -> (String, &'static str, String) {
+    let inside = |id: u32, primary: u32| if remap_root && id == primary { 0 } else { id };
+    let uid_map = format!("{} {} 1\n", inside(user.uid, user.uid), user.uid);
     match mode {
         Mode::Privileged => {
             let gid_map = user
                 .all_gids()
                 .into_iter()
                 .filter(|gid| *gid != 0 || user.uid == 0)
-                .map(|gid| format!("{gid} {gid} 1\n"))
+                .map(|gid| format!("{} {gid} 1\n", inside(gid, user.gid)))
                 .collect();
             (uid_map, "allow", gid_map)
         }
-        Mode::Unprivileged => (uid_map, "deny", format!("{0} {0} 1\n", user.gid)),
+        Mode::Unprivileged => {
+            let gid_map = format!("{} {} 1\n", inside(user.gid, user.gid), user.gid);
+            (uid_map, "deny", gid_map)
+        }
     }
 }
 
-fn write_id_maps(pid: i32, user: &UserIdentity, mode: Mode) -> anyhow::Result<()> {
-    let (uid_map, setgroups, gid_map) = id_maps(user, mode);
+fn write_id_maps(
+    pid: i32,
+    user: &UserIdentity,
+    mode: Mode,
+    remap_root: bool,
+) -> anyhow::Result<()> {
+    let (uid_map, setgroups, gid_map) = id_maps(user, mode, remap_root);
     for (file, content) in [
         ("uid_map", uid_map.as_str()),
         ("setgroups", setgroups),
@@ -269,8 +298,11 @@ mod tests {
 
     #[test]
     fn privileged_maps_each_group_to_itself() {
-        let (uid_map, setgroups, gid_map) =
-            id_maps(&user(1001, 1002, vec![1002, 1001, 27]), Mode::Privileged);
+        let (uid_map, setgroups, gid_map) = id_maps(
+            &user(1001, 1002, vec![1002, 1001, 27]),
+            Mode::Privileged,
+            false,
+        );
         assert_eq!(uid_map, "1001 1001 1\n");
         assert_eq!(setgroups, "allow");
         assert_eq!(gid_map, "1002 1002 1\n1001 1001 1\n27 27 1\n");
@@ -278,21 +310,57 @@ mod tests {
 
     #[test]
     fn privileged_never_maps_group_zero_for_a_user() {
-        let (_, _, gid_map) = id_maps(&user(1001, 1002, vec![0, 1002]), Mode::Privileged);
+        let (_, _, gid_map) = id_maps(&user(1001, 1002, vec![0, 1002]), Mode::Privileged, false);
         assert_eq!(gid_map, "1002 1002 1\n");
     }
 
     #[test]
     fn root_maps_itself() {
-        let (uid_map, _, gid_map) = id_maps(&user(0, 0, vec![0]), Mode::Privileged);
+        let (uid_map, _, gid_map) = id_maps(&user(0, 0, vec![0]), Mode::Privileged, false);
         assert_eq!(uid_map, "0 0 1\n");
         assert_eq!(gid_map, "0 0 1\n");
     }
 
     #[test]
-    fn unprivileged_maps_only_self() {
+    fn remap_root_maps_inside_zero_to_the_user() {
         let (uid_map, setgroups, gid_map) =
-            id_maps(&user(1001, 1002, vec![1002, 1001]), Mode::Unprivileged);
+            id_maps(&user(1001, 1002, vec![1002, 27]), Mode::Privileged, true);
+        assert_eq!(uid_map, "0 1001 1\n");
+        assert_eq!(setgroups, "allow");
+        assert_eq!(gid_map, "0 1002 1\n27 27 1\n");
+        let (uid_map, setgroups, gid_map) =
+            id_maps(&user(1001, 1002, vec![1002]), Mode::Unprivileged, true);
+        assert_eq!(uid_map, "0 1001 1\n");
+        assert_eq!(setgroups, "deny");
+        assert_eq!(gid_map, "0 1002 1\n");
+    }
+
+    #[test]
+    fn remap_root_never_maps_host_root_group_for_a_user() {
+        let (_, _, gid_map) = id_maps(&user(1001, 1002, vec![0, 1002]), Mode::Privileged, true);
+        assert_eq!(gid_map, "0 1002 1\n");
+    }
+
+    #[test]
+    fn own_namespaces_are_sorted_and_unique() {
+        let mut spec = ContainerSpec::new(
+            "/i.sqfs".into(),
+            Default::default(),
+            user(1001, 1001, vec![1001]),
+        );
+        assert!(own_namespaces(&spec).is_empty());
+        spec.unshare = vec![Namespace::Uts, Namespace::Net];
+        spec.hostname = Some("h".into());
+        assert_eq!(own_namespaces(&spec), vec![Namespace::Net, Namespace::Uts]);
+    }
+
+    #[test]
+    fn unprivileged_maps_only_self() {
+        let (uid_map, setgroups, gid_map) = id_maps(
+            &user(1001, 1002, vec![1002, 1001]),
+            Mode::Unprivileged,
+            false,
+        );
         assert_eq!(uid_map, "1001 1001 1\n");
         assert_eq!(setgroups, "deny");
         assert_eq!(gid_map, "1002 1002 1\n");

@@ -5,14 +5,17 @@
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
-use std::fmt;
-use std::path::{Component, Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context;
 use nix::unistd::{Gid, Group, Uid, User};
 use serde::{Deserialize, Serialize};
 
 use crate::image::ImageConfig;
+
+pub use crate::container::usermount::{
+    parse_mounts, MountFlags, MountKind, MountSpecError, MountSpecProblem, Propagation, UserMount,
+};
 
 /// Everything the holder needs to build one container's namespaces.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,17 +24,79 @@ pub struct ContainerSpec {
     pub squashfs: PathBuf,
     /// The image's runtime settings (environment, working directory, ...).
     pub image_config: ImageConfig,
-    /// The user's bind mounts (`--container-mounts`), made with the user's own
-    /// permissions.
-    pub mounts: Vec<MountSpec>,
+    /// The user's mounts (`--container-mounts`), made in order, after the
+    /// drop to the user, so the kernel checks the user's own permissions.
+    pub mounts: Vec<UserMount>,
     /// The working directory asked for (`--container-workdir`); overrides the image's.
     pub workdir: Option<String>,
     /// Who the container's processes run as.
     pub user: UserIdentity,
     /// Bind mounts the runtime adds (PMIx directories, ...), made like `mounts`.
     pub extra_binds: Vec<MountSpec>,
-    /// A hostname for the container; `None` keeps the host's (no UTS namespace).
+    /// A hostname for the container; `None` keeps the host's (no UTS namespace
+    /// unless `unshare` asks for one).
     pub hostname: Option<String>,
+    /// Root file system writable (`--container-writable`, the default: an
+    /// overlay with a tmpfs upper layer) or read-only (`--container-readonly`).
+    #[serde(default = "default_writable")]
+    pub writable: bool,
+    /// Bind the user's home directory at the same path
+    /// (`--container-mount-home`).
+    #[serde(default)]
+    pub mount_home: bool,
+    /// Namespaces of these kinds are new for the container instead of the
+    /// host's (`--container-unshare`).
+    #[serde(default)]
+    pub unshare: Vec<Namespace>,
+    /// The user appears as uid 0 and gid 0 inside (`--container-remap-root`),
+    /// without any privilege on the host.
+    #[serde(default)]
+    pub remap_root: bool,
+}
+
+fn default_writable() -> bool {
+    true
+}
+
+/// A namespace kind `--container-unshare` may ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Namespace {
+    /// Network: only a loopback interface inside.
+    Net,
+    /// System V IPC and POSIX message queues.
+    Ipc,
+    /// Hostname and domain name.
+    Uts,
+}
+
+impl Namespace {
+    /// The name used in `--container-unshare` and in `/proc/PID/ns/`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Namespace::Net => "net",
+            Namespace::Ipc => "ipc",
+            Namespace::Uts => "uts",
+        }
+    }
+
+    /// Parses a `--container-unshare` value: kinds separated by `,`, each
+    /// once in the result (sorted). Empty items are skipped.
+    pub fn parse_list(value: &str) -> Result<Vec<Namespace>, String> {
+        let mut kinds = Vec::new();
+        for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let kind = [Namespace::Net, Namespace::Ipc, Namespace::Uts]
+                .into_iter()
+                .find(|kind| kind.name() == item)
+                .ok_or_else(|| {
+                    format!("unknown namespace '{item}' in '{value}' (supported: net, ipc, uts)")
+                })?;
+            kinds.push(kind);
+        }
+        kinds.sort();
+        kinds.dedup();
+        Ok(kinds)
+    }
 }
 
 impl ContainerSpec {
@@ -45,6 +110,26 @@ impl ContainerSpec {
             user,
             extra_binds: Vec::new(),
             hostname: None,
+            writable: true,
+            mount_home: false,
+            unshare: Vec::new(),
+            remap_root: false,
+        }
+    }
+
+    /// Whether the container gets its own UTS namespace: for a hostname of
+    /// its own, or when `unshare` asks for one.
+    pub fn has_own_uts(&self) -> bool {
+        self.hostname.is_some() || self.unshare.contains(&Namespace::Uts)
+    }
+
+    /// The user as the container's processes see it: with `remap_root`,
+    /// root (see [`UserIdentity::remapped_to_root`]), else `user` as is.
+    pub fn user_inside(&self) -> UserIdentity {
+        if self.remap_root {
+            self.user.remapped_to_root()
+        } else {
+            self.user.clone()
         }
     }
 
@@ -84,7 +169,8 @@ impl Mode {
     }
 }
 
-/// One bind mount: a host path made visible at a path inside the container.
+/// One plain bind mount: a host path made visible at a path inside the
+/// container (the runtime's own binds; the user's are [`UserMount`]s).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MountSpec {
     /// Absolute host path.
@@ -105,111 +191,6 @@ impl MountSpec {
             read_only: false,
         }
     }
-}
-
-/// Why a `--container-mounts` entry was rejected.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MountSpecProblem {
-    /// More than three `:`-separated fields.
-    TooManyFields,
-    /// The source is empty or not an absolute path.
-    SourceNotAbsolute,
-    /// The destination is empty or not an absolute path.
-    TargetNotAbsolute,
-    /// The destination contains a `..` component.
-    TargetHasParentDir,
-    /// A flag other than `ro` or `rw`.
-    UnknownFlag(String),
-}
-
-/// A rejected `--container-mounts` entry, with a message fit for the user.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MountSpecError {
-    /// The entry as the user wrote it.
-    pub entry: String,
-    /// What is wrong with it.
-    pub problem: MountSpecProblem,
-}
-
-impl fmt::Display for MountSpecError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let why = match &self.problem {
-            MountSpecProblem::TooManyFields => "too many ':' fields".to_string(),
-            MountSpecProblem::SourceNotAbsolute => {
-                "the source must be an absolute path".to_string()
-            }
-            MountSpecProblem::TargetNotAbsolute => {
-                "the destination must be an absolute path".to_string()
-            }
-            MountSpecProblem::TargetHasParentDir => {
-                "the destination must not contain '..'".to_string()
-            }
-            MountSpecProblem::UnknownFlag(flag) => {
-                format!("unknown flag '{flag}' (supported: ro, rw)")
-            }
-        };
-        write!(
-            f,
-            "invalid container mount '{}': {why}; expected SRC[:DST[:FLAGS]] with absolute \
-             paths and FLAGS 'ro' or 'rw', several mounts separated by ','",
-            self.entry
-        )
-    }
-}
-
-impl std::error::Error for MountSpecError {}
-
-/// Parses pyxis's `--container-mounts` value: `SRC[:DST[:FLAGS]][,...]`.
-///
-/// `DST` defaults to `SRC`; `FLAGS` is `ro` or `rw` (several may be joined with
-/// `+`, the last wins). Empty entries are skipped. Paths must be absolute.
-pub fn parse_mounts(value: &str) -> Result<Vec<MountSpec>, MountSpecError> {
-    value
-        .split(',')
-        .map(str::trim)
-        .filter(|entry| !entry.is_empty())
-        .map(parse_mount_entry)
-        .collect()
-}
-
-fn parse_mount_entry(entry: &str) -> Result<MountSpec, MountSpecError> {
-    let error = |problem| MountSpecError {
-        entry: entry.to_string(),
-        problem,
-    };
-    let fields: Vec<&str> = entry.split(':').collect();
-    if fields.len() > 3 {
-        return Err(error(MountSpecProblem::TooManyFields));
-    }
-    let source = Path::new(fields[0]);
-    if !source.is_absolute() {
-        return Err(error(MountSpecProblem::SourceNotAbsolute));
-    }
-    let target = match fields.get(1) {
-        Some(dst) => Path::new(*dst),
-        None => source,
-    };
-    if !target.is_absolute() {
-        return Err(error(MountSpecProblem::TargetNotAbsolute));
-    }
-    if target.components().any(|c| c == Component::ParentDir) {
-        return Err(error(MountSpecProblem::TargetHasParentDir));
-    }
-    let mut read_only = false;
-    if let Some(flags) = fields.get(2) {
-        for flag in flags.split('+').filter(|flag| !flag.is_empty()) {
-            match flag {
-                "ro" => read_only = true,
-                "rw" => read_only = false,
-                other => return Err(error(MountSpecProblem::UnknownFlag(other.to_string()))),
-            }
-        }
-    }
-    Ok(MountSpec {
-        source: source.to_path_buf(),
-        target: target.to_path_buf(),
-        read_only,
-    })
 }
 
 /// The user a container's processes run as, as the host knows it.
@@ -291,6 +272,30 @@ impl UserIdentity {
         gids
     }
 
+    /// The identity seen inside a container with `--container-remap-root`:
+    /// uid 0 and primary gid 0, named `root`, home `/root`; the
+    /// supplementary groups keep their ids and names.
+    pub fn remapped_to_root(&self) -> UserIdentity {
+        let mut groups: Vec<u32> = self
+            .groups
+            .iter()
+            .map(|&gid| if gid == self.gid { 0 } else { gid })
+            .collect();
+        dedup_keep_order(&mut groups);
+        let mut group_names = self.group_names.clone();
+        group_names.remove(&self.gid);
+        group_names.insert(0, "root".to_string());
+        UserIdentity {
+            uid: 0,
+            gid: 0,
+            groups,
+            name: "root".to_string(),
+            home: "/root".to_string(),
+            shell: self.shell.clone(),
+            group_names,
+        }
+    }
+
     fn add_group_names(&mut self) {
         for gid in self.all_gids() {
             if let Ok(Some(group)) = Group::from_gid(Gid::from_raw(gid)) {
@@ -308,88 +313,6 @@ fn dedup_keep_order(ids: &mut Vec<u32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn mount(source: &str, target: &str, read_only: bool) -> MountSpec {
-        MountSpec {
-            source: source.into(),
-            target: target.into(),
-            read_only,
-        }
-    }
-
-    #[test]
-    fn parses_source_only_and_defaults_target() {
-        assert_eq!(
-            parse_mounts("/scratch").unwrap(),
-            vec![mount("/scratch", "/scratch", false)]
-        );
-    }
-
-    #[test]
-    fn parses_several_entries_with_flags() {
-        assert_eq!(
-            parse_mounts("/a:/b,/c:/d:ro, /e:/f:rw,").unwrap(),
-            vec![
-                mount("/a", "/b", false),
-                mount("/c", "/d", true),
-                mount("/e", "/f", false),
-            ]
-        );
-    }
-
-    #[test]
-    fn joined_flags_last_wins() {
-        assert_eq!(
-            parse_mounts("/a:/b:rw+ro").unwrap(),
-            vec![mount("/a", "/b", true)]
-        );
-    }
-
-    #[test]
-    fn empty_value_is_no_mounts() {
-        assert_eq!(parse_mounts("").unwrap(), vec![]);
-        assert_eq!(parse_mounts(" , ").unwrap(), vec![]);
-    }
-
-    #[test]
-    fn rejects_relative_source() {
-        let err = parse_mounts("/ok,data:/data").unwrap_err();
-        assert_eq!(err.entry, "data:/data");
-        assert_eq!(err.problem, MountSpecProblem::SourceNotAbsolute);
-        let text = err.to_string();
-        assert!(text.contains("'data:/data'"), "{text}");
-        assert!(text.contains("SRC[:DST[:FLAGS]]"), "{text}");
-    }
-
-    #[test]
-    fn rejects_relative_or_empty_target() {
-        let err = parse_mounts("/data:data").unwrap_err();
-        assert_eq!(err.problem, MountSpecProblem::TargetNotAbsolute);
-        let err = parse_mounts("/data::ro").unwrap_err();
-        assert_eq!(err.problem, MountSpecProblem::TargetNotAbsolute);
-    }
-
-    #[test]
-    fn rejects_parent_dir_in_target() {
-        let err = parse_mounts("/data:/x/../etc").unwrap_err();
-        assert_eq!(err.problem, MountSpecProblem::TargetHasParentDir);
-    }
-
-    #[test]
-    fn rejects_unknown_flag_and_names_it() {
-        let err = parse_mounts("/a:/b:rprivate").unwrap_err();
-        assert_eq!(
-            err.problem,
-            MountSpecProblem::UnknownFlag("rprivate".to_string())
-        );
-        assert!(err.to_string().contains("unknown flag 'rprivate'"));
-    }
-
-    #[test]
-    fn rejects_too_many_fields() {
-        let err = parse_mounts("/a:/b:ro:x").unwrap_err();
-        assert_eq!(err.problem, MountSpecProblem::TooManyFields);
-    }
 
     fn identity() -> UserIdentity {
         UserIdentity {
@@ -420,6 +343,58 @@ mod tests {
         spec.user.group_names.insert(1002, "alice".into());
         let json = serde_json::to_string(&spec).unwrap();
         assert_eq!(serde_json::from_str::<ContainerSpec>(&json).unwrap(), spec);
+    }
+
+    #[test]
+    fn spec_json_without_new_fields_gets_defaults() {
+        let spec = ContainerSpec::new("/img.sqfs".into(), ImageConfig::default(), identity());
+        let mut json = serde_json::to_value(&spec).unwrap();
+        let object = json.as_object_mut().unwrap();
+        for field in ["writable", "mount_home", "unshare", "remap_root"] {
+            assert!(object.remove(field).is_some(), "{field}");
+        }
+        let parsed: ContainerSpec = serde_json::from_value(json).unwrap();
+        assert_eq!(parsed, spec);
+        assert!(parsed.writable);
+    }
+
+    #[test]
+    fn parses_unshare_lists() {
+        assert_eq!(
+            Namespace::parse_list("uts, net,ipc,net,").unwrap(),
+            vec![Namespace::Net, Namespace::Ipc, Namespace::Uts]
+        );
+        assert_eq!(Namespace::parse_list("").unwrap(), vec![]);
+        let err = Namespace::parse_list("net,pid").unwrap_err();
+        assert!(err.contains("'pid'"), "{err}");
+    }
+
+    #[test]
+    fn own_uts_for_hostname_or_unshare() {
+        let mut spec = ContainerSpec::new("/img.sqfs".into(), ImageConfig::default(), identity());
+        assert!(!spec.has_own_uts());
+        spec.unshare = vec![Namespace::Uts];
+        assert!(spec.has_own_uts());
+        spec.unshare.clear();
+        spec.hostname = Some("x".into());
+        assert!(spec.has_own_uts());
+    }
+
+    #[test]
+    fn remapped_user_is_root_with_its_other_groups() {
+        let mut user = identity();
+        user.group_names.insert(1002, "alice".into());
+        user.group_names.insert(1001, "staff".into());
+        let root = user.remapped_to_root();
+        assert_eq!((root.uid, root.gid, root.name.as_str()), (0, 0, "root"));
+        assert_eq!(root.home, "/root");
+        assert_eq!(root.all_gids(), vec![0, 1001]);
+        assert_eq!(root.group_names.get(&0).map(String::as_str), Some("root"));
+        assert_eq!(
+            root.group_names.get(&1001).map(String::as_str),
+            Some("staff")
+        );
+        assert!(!root.group_names.contains_key(&1002));
     }
 
     #[test]

@@ -1,0 +1,135 @@
+//! The mounts one container gets, in order, built from its spec (pure; the
+//! holder applies them with [`crate::container::mounts`]).
+
+use std::path::Path;
+
+use anyhow::bail;
+
+use crate::container::spec::{ContainerSpec, MountKind, MountSpec, UserMount};
+
+/// What the holder mounts, in two groups.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountPlan {
+    /// Host binds every container gets, made as root before the drop to the
+    /// user; those that an `umount` entry removes are left out.
+    pub system: Vec<MountSpec>,
+    /// Mounts made as the user after the drop, in order: the home directory
+    /// (`mount_home`), the user's `--container-mounts`, the runtime's extra
+    /// binds.
+    pub user: Vec<UserMount>,
+}
+
+impl MountPlan {
+    /// Builds the plan for `spec` on a host whose system binds are `system`.
+    ///
+    /// An `umount` entry for a system bind (nothing mounted there by an
+    /// earlier entry) removes that bind from `system` instead of unmounting
+    /// it later: mounts made before the user namespace are locked in it.
+    pub fn new(spec: &ContainerSpec, mut system: Vec<MountSpec>) -> anyhow::Result<MountPlan> {
+        let mut user = Vec::with_capacity(spec.mounts.len() + spec.extra_binds.len() + 1);
+        if spec.mount_home {
+            user.push(UserMount::from(MountSpec::same_path(home_of(spec)?)));
+        }
+        for mount in &spec.mounts {
+            let mounted_before = user.iter().any(|m| m.target == mount.target);
+            if mount.kind == MountKind::Umount && !mounted_before {
+                if let Some(index) = system.iter().position(|s| s.target == mount.target) {
+                    system.remove(index);
+                    continue;
+                }
+            }
+            user.push(mount.clone());
+        }
+        user.extend(spec.extra_binds.iter().cloned().map(UserMount::from));
+        Ok(MountPlan { system, user })
+    }
+}
+
+/// The user's home directory, checked to be something we may bind.
+fn home_of(spec: &ContainerSpec) -> anyhow::Result<&Path> {
+    let home = Path::new(&spec.user.home);
+    if !home.is_absolute() || home.parent().is_none() {
+        bail!(
+            "cannot mount the home directory of user {}: '{}' is not an absolute path below /; \
+             drop --container-mount-home or fix the user's home in the user database",
+            spec.user.name,
+            spec.user.home
+        );
+    }
+    Ok(home)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::container::spec::{parse_mounts, UserIdentity};
+    use crate::image::ImageConfig;
+
+    fn spec(mounts: &str) -> ContainerSpec {
+        let user = UserIdentity {
+            uid: 1001,
+            gid: 1001,
+            groups: vec![1001],
+            name: "alice".into(),
+            home: "/home/alice".into(),
+            shell: "/bin/sh".into(),
+            group_names: Default::default(),
+        };
+        let mut spec = ContainerSpec::new("/i.sqfs".into(), ImageConfig::default(), user);
+        spec.mounts = parse_mounts(mounts).unwrap();
+        spec
+    }
+
+    fn system() -> Vec<MountSpec> {
+        vec![MountSpec::same_path("/proc"), MountSpec::same_path("/tmp")]
+    }
+
+    fn targets(mounts: &[UserMount]) -> Vec<String> {
+        mounts
+            .iter()
+            .map(|m| format!("{:?}:{}", m.kind, m.target.display()))
+            .collect()
+    }
+
+    #[test]
+    fn home_comes_first_then_mounts_then_extra_binds() {
+        let mut spec = spec("/data:/data");
+        spec.mount_home = true;
+        spec.extra_binds = vec![MountSpec::same_path("/pmix")];
+        let plan = MountPlan::new(&spec, system()).unwrap();
+        assert_eq!(
+            targets(&plan.user),
+            vec!["Bind:/home/alice", "Bind:/data", "Bind:/pmix"]
+        );
+        assert_eq!(plan.system, system());
+    }
+
+    #[test]
+    fn umount_of_a_system_bind_leaves_it_out() {
+        let plan = MountPlan::new(&spec("umount:/tmp/"), system()).unwrap();
+        assert_eq!(plan.system, vec![MountSpec::same_path("/proc")]);
+        assert!(plan.user.is_empty());
+    }
+
+    #[test]
+    fn umount_after_a_user_mount_unmounts_that() {
+        let plan = MountPlan::new(&spec("tmpfs:/tmp,umount:/tmp"), system()).unwrap();
+        assert_eq!(plan.system, system());
+        assert_eq!(targets(&plan.user), vec!["Tmpfs:/tmp", "Umount:/tmp"]);
+    }
+
+    #[test]
+    fn umount_elsewhere_is_kept_for_the_holder() {
+        let plan = MountPlan::new(&spec("umount:/opt"), system()).unwrap();
+        assert_eq!(targets(&plan.user), vec!["Umount:/opt"]);
+    }
+
+    #[test]
+    fn home_must_be_below_root() {
+        let mut spec = spec("");
+        spec.mount_home = true;
+        spec.user.home = "/".into();
+        let err = MountPlan::new(&spec, system()).unwrap_err().to_string();
+        assert!(err.contains("home directory of user alice"), "{err}");
+    }
+}
