@@ -471,3 +471,159 @@ fn environment_variables_give_options() {
     );
     assert!(!cluster.job_exists(&name), "a job was allocated");
 }
+
+/// pyxis's root file system, home, remap-root, unshare and env options, and
+/// the full mount grammar, through srun as root and as the ordinary user.
+#[test]
+fn pyxis_options_through_srun() {
+    let cluster = cluster_or_skip!();
+    let image = format!("--container-image={}", cluster.image("busybox:latest"));
+    let work = cluster.var("BERTH_TEST_WORKDIR");
+    let src = format!("{work}/opts-src-{}", std::process::id());
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::set_permissions(&src, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    std::fs::write(format!("{src}/f"), "x").unwrap();
+    for who in BOTH {
+        // Remapped root can write the writable root, not the read-only one.
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    &image,
+                    "--container-remap-root",
+                    "sh",
+                    "-c",
+                    "id -u; touch /new && echo root-writable",
+                ],
+            )
+            .ok();
+        assert!(
+            run.stdout.starts_with("0\n"),
+            "{who:?} remap-root: {}",
+            run.stdout
+        );
+        assert!(
+            run.stdout.contains("root-writable"),
+            "{who:?}: {}",
+            run.stdout
+        );
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    &image,
+                    "--container-remap-root",
+                    "--container-readonly",
+                    "sh",
+                    "-c",
+                    "touch /new 2>&1; true",
+                ],
+            )
+            .ok();
+        assert!(
+            run.stdout.contains("Read-only file system"),
+            "{who:?} readonly: {}",
+            run.stdout
+        );
+
+        // Home folder.
+        let home = match who {
+            Submitter::Root => "/root".to_string(),
+            Submitter::User => format!("/home/{}", common::TEST_USER),
+        };
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    &image,
+                    "--container-mount-home",
+                    "sh",
+                    "-c",
+                    "test -d \"$HOME\" && echo home=$HOME",
+                ],
+            )
+            .ok();
+        assert!(
+            run.stdout.contains(&format!("home={home}")),
+            "{who:?} mount-home: {}",
+            run.stdout
+        );
+
+        // A new network namespace has only the loopback interface.
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    &image,
+                    "--container-unshare=net",
+                    "sh",
+                    "-c",
+                    "tail -n +3 /proc/net/dev",
+                ],
+            )
+            .ok();
+        let interfaces: Vec<&str> = run
+            .stdout
+            .lines()
+            .filter_map(|l| l.split(':').next())
+            .map(str::trim)
+            .collect();
+        assert_eq!(
+            interfaces,
+            vec!["lo"],
+            "{who:?} unshare=net: {}",
+            run.stdout
+        );
+
+        // Mount grammar: flags joined by +, tmpfs with options, umount.
+        let mounts = format!(
+            "--container-mounts={src}:/in:ro+noexec,tmpfs:/scratch:size=1M,umount:/etc/resolv.conf"
+        );
+        let run = cluster
+            .srun(
+                who,
+                &[&image, &mounts, "sh", "-c", "cat /in/f; grep ' /scratch ' /proc/self/mountinfo; grep -c ' /etc/resolv.conf ' /proc/self/mountinfo"],
+            )
+            .ok();
+        assert!(
+            run.stdout.starts_with('x'),
+            "{who:?} mounts: {}",
+            run.stdout
+        );
+        assert!(
+            run.stdout.contains("size=1024k"),
+            "{who:?} tmpfs: {}",
+            run.stdout
+        );
+        assert!(
+            run.stdout.trim_end().ends_with('0'),
+            "{who:?} umount: {}",
+            run.stdout
+        );
+    }
+    // --container-env keeps the job's value over the image's.
+    let run = cluster
+        .slurm_env(
+            Submitter::User,
+            "srun",
+            &[
+                &image,
+                "--container-env=BERTH_TEST_ENV",
+                "sh",
+                "-c",
+                "echo $BERTH_TEST_ENV",
+            ],
+            &[("BERTH_TEST_ENV", "from-job")],
+        )
+        .ok();
+    assert_eq!(run.stdout.trim(), "from-job");
+    let run = cluster
+        .slurm_env(
+            Submitter::User,
+            "srun",
+            &[&image, "sh", "-c", "echo $BERTH_TEST_ENV"],
+            &[("BERTH_TEST_ENV", "from-job")],
+        )
+        .ok();
+    assert_eq!(run.stdout.trim(), "from-image");
+}

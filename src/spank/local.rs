@@ -4,21 +4,18 @@ use super::options::JobOptions;
 
 /// Checks the combination of options (each value was checked when given).
 pub fn check_options(options: &JobOptions) -> Result<(), String> {
-    if options.image.is_none() && (options.mounts.is_some() || options.workdir.is_some()) {
-        let given: Vec<&str> = [
-            options.mounts.as_ref().map(|_| "--container-mounts"),
-            options.workdir.as_ref().map(|_| "--container-workdir"),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        return Err(format!(
-            "{} given without --container-image: add --container-image=IMAGE or drop {}",
-            given.join(" and "),
-            if given.len() == 1 { "it" } else { "them" }
-        ));
+    if options.image.is_some() {
+        return Ok(());
     }
-    Ok(())
+    let given = options.given_without_image();
+    if given.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "{} given without --container-image: add --container-image=IMAGE or drop {}",
+        given.join(" and "),
+        if given.len() == 1 { "it" } else { "them" }
+    ))
 }
 
 #[cfg(test)]

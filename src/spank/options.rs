@@ -1,11 +1,16 @@
 //! The `--container-*` options: one table, one callback, the values a job gave.
+//!
+//! Every option can also come from `BERTH_CONTAINER_<NAME>` or
+//! `PYXIS_CONTAINER_<NAME>` (in that order) when the command line does not
+//! give it; booleans there are 1/true/yes/y or 0/false/no/n.
 
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::Mutex;
 
 use super::ffi;
 use super::handle::{self, Spank, SpankError};
-use crate::container::spec::parse_mounts;
+use crate::config::parse_bool;
+use crate::container::spec::{parse_mounts, Namespace};
 use crate::reference::ImageSource;
 
 /// The values of the `--container-*` options for this job or step.
@@ -17,54 +22,180 @@ pub struct JobOptions {
     pub mounts: Option<String>,
     /// `--container-workdir`
     pub workdir: Option<String>,
+    /// `--container-env`: variables whose job value wins over the image's.
+    pub env: Option<String>,
+    /// `--container-unshare`
+    pub unshare: Option<String>,
+    /// `--container-writable` (true) or `--container-readonly` (false).
+    pub writable: Option<bool>,
+    /// `--[no-]container-mount-home`
+    pub mount_home: Option<bool>,
+    /// `--[no-]container-remap-root`
+    pub remap_root: Option<bool>,
 }
 
 impl JobOptions {
-    /// True when any option was given.
-    pub fn any(&self) -> bool {
-        self.image.is_some() || self.mounts.is_some() || self.workdir.is_some()
+    /// The options given besides `--container-image`, as their command-line names.
+    pub fn given_without_image(&self) -> Vec<&'static str> {
+        TABLE
+            .iter()
+            .filter(|def| def.setting != Setting::Image && self.is_set(def.setting))
+            .map(|def| def.display_name)
+            .collect()
+    }
+
+    fn is_set(&self, setting: Setting) -> bool {
+        match setting {
+            Setting::Image => self.image.is_some(),
+            Setting::Mounts => self.mounts.is_some(),
+            Setting::Workdir => self.workdir.is_some(),
+            Setting::Env => self.env.is_some(),
+            Setting::Unshare => self.unshare.is_some(),
+            Setting::Writable(value) => self.writable == Some(value),
+            Setting::MountHome(value) => self.mount_home == Some(value),
+            Setting::RemapRoot(value) => self.remap_root == Some(value),
+        }
+    }
+
+    fn is_unset(&self, setting: Setting) -> bool {
+        match setting {
+            Setting::Writable(_) => self.writable.is_none(),
+            Setting::MountHome(_) => self.mount_home.is_none(),
+            Setting::RemapRoot(_) => self.remap_root.is_none(),
+            other => !self.is_set(other),
+        }
+    }
+
+    fn set(&mut self, setting: Setting, value: String) {
+        match setting {
+            Setting::Image => self.image = Some(value),
+            Setting::Mounts => self.mounts = Some(value),
+            Setting::Workdir => self.workdir = Some(value),
+            Setting::Env => self.env = Some(value),
+            Setting::Unshare => self.unshare = Some(value),
+            Setting::Writable(v) => self.writable = Some(v),
+            Setting::MountHome(v) => self.mount_home = Some(v),
+            Setting::RemapRoot(v) => self.remap_root = Some(v),
+        }
     }
 }
 
-/// Identifies an option in Slurm's callback (`val`).
+/// What an option sets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(i32)]
-enum OptionId {
-    Image = 1,
-    Mounts = 2,
-    Workdir = 3,
+enum Setting {
+    Image,
+    Mounts,
+    Workdir,
+    Env,
+    Unshare,
+    Writable(bool),
+    MountHome(bool),
+    RemapRoot(bool),
 }
 
+/// One row of the option table; Slurm's `val` for it is its index plus one.
 struct OptionDef {
-    id: OptionId,
-    /// `IMAGE` for `PYXIS_CONTAINER_IMAGE` and `BERTH_CONTAINER_IMAGE`.
-    env_suffix: &'static str,
+    /// What the option sets.
+    setting: Setting,
     name: &'static CStr,
-    arginfo: &'static CStr,
+    /// `--container-image`, for messages.
+    display_name: &'static str,
+    /// `None` for flags.
+    arginfo: Option<&'static CStr>,
     usage: &'static CStr,
+    /// `IMAGE` for `PYXIS_CONTAINER_IMAGE`; `None` when another option's
+    /// variable covers it (`--no-container-mount-home` is `MOUNT_HOME=0`).
+    env_suffix: Option<&'static str>,
 }
 
 const TABLE: &[OptionDef] = &[
     OptionDef {
-        id: OptionId::Image,
-        env_suffix: "IMAGE",
+        setting: Setting::Image,
         name: c"container-image",
-        arginfo: c"[USER@][REGISTRY#]IMAGE[:TAG]|PATH",
+        display_name: "--container-image",
+        arginfo: Some(c"[USER@][REGISTRY#]IMAGE[:TAG]|PATH"),
         usage: c"[berth] the image to run the job's tasks in: a registry image or a squashfs file",
+        env_suffix: Some("IMAGE"),
     },
     OptionDef {
-        id: OptionId::Mounts,
-        env_suffix: "MOUNTS",
+        setting: Setting::Mounts,
         name: c"container-mounts",
-        arginfo: c"SRC:DST[:FLAGS][,SRC:DST...]",
-        usage: c"[berth] bind mount[s] inside the container; flag: ro (read-only)",
+        display_name: "--container-mounts",
+        arginfo: Some(c"SRC[:DST[:FLAGS]][,...]"),
+        usage: c"[berth] mounts inside the container; SRC a path, tmpfs or umount; FLAGS joined by +: ro, rw, nosuid, nodev, noexec, [r]private, [r]slave, [r]shared, [r]unbindable",
+        env_suffix: Some("MOUNTS"),
     },
     OptionDef {
-        id: OptionId::Workdir,
-        env_suffix: "WORKDIR",
+        setting: Setting::Workdir,
         name: c"container-workdir",
-        arginfo: c"PATH",
+        display_name: "--container-workdir",
+        arginfo: Some(c"PATH"),
         usage: c"[berth] working directory inside the container",
+        env_suffix: Some("WORKDIR"),
+    },
+    OptionDef {
+        setting: Setting::Env,
+        name: c"container-env",
+        display_name: "--container-env",
+        arginfo: Some(c"NAME[,NAME...]"),
+        usage: c"[berth] variables whose job value wins over the image's",
+        env_suffix: Some("ENV"),
+    },
+    OptionDef {
+        setting: Setting::Unshare,
+        name: c"container-unshare",
+        display_name: "--container-unshare",
+        arginfo: Some(c"net,ipc,uts"),
+        usage: c"[berth] new namespaces of these kinds for the container",
+        env_suffix: Some("UNSHARE"),
+    },
+    OptionDef {
+        setting: Setting::Writable(true),
+        name: c"container-writable",
+        display_name: "--container-writable",
+        arginfo: None,
+        usage: c"[berth] writable root file system (changes vanish with the step; the default)",
+        env_suffix: Some("WRITABLE"),
+    },
+    OptionDef {
+        setting: Setting::Writable(false),
+        name: c"container-readonly",
+        display_name: "--container-readonly",
+        arginfo: None,
+        usage: c"[berth] read-only root file system",
+        env_suffix: Some("READONLY"),
+    },
+    OptionDef {
+        setting: Setting::MountHome(true),
+        name: c"container-mount-home",
+        display_name: "--container-mount-home",
+        arginfo: None,
+        usage: c"[berth] bind mount the user's home folder",
+        env_suffix: Some("MOUNT_HOME"),
+    },
+    OptionDef {
+        setting: Setting::MountHome(false),
+        name: c"no-container-mount-home",
+        display_name: "--no-container-mount-home",
+        arginfo: None,
+        usage: c"[berth] do not bind mount the user's home folder (the default)",
+        env_suffix: None,
+    },
+    OptionDef {
+        setting: Setting::RemapRoot(true),
+        name: c"container-remap-root",
+        display_name: "--container-remap-root",
+        arginfo: None,
+        usage: c"[berth] appear as root (uid 0) inside, without privilege on the host",
+        env_suffix: Some("REMAP_ROOT"),
+    },
+    OptionDef {
+        setting: Setting::RemapRoot(false),
+        name: c"no-container-remap-root",
+        display_name: "--no-container-remap-root",
+        arginfo: None,
+        usage: c"[berth] keep your own uid inside (the default)",
+        env_suffix: None,
     },
 ];
 
@@ -72,42 +203,16 @@ static VALUES: Mutex<JobOptions> = Mutex::new(JobOptions {
     image: None,
     mounts: None,
     workdir: None,
+    env: None,
+    unshare: None,
+    writable: None,
+    mount_home: None,
+    remap_root: None,
 });
 
 /// Prefixes of the variables that stand in for options missing from the
 /// command line, in order of precedence.
 pub const ENV_PREFIXES: [&str; 2] = ["BERTH_CONTAINER_", "PYXIS_CONTAINER_"];
-
-/// Fills every option the command line did not give from the first of
-/// `BERTH_CONTAINER_<NAME>` and `PYXIS_CONTAINER_<NAME>` that `getenv` knows
-/// (srun: its own environment; slurmstepd: the job's). Empty values count as unset.
-pub fn apply_env_defaults(getenv: impl Fn(&str) -> Option<String>) -> Result<(), String> {
-    let given = current();
-    for def in TABLE {
-        let already = match def.id {
-            OptionId::Image => given.image.is_some(),
-            OptionId::Mounts => given.mounts.is_some(),
-            OptionId::Workdir => given.workdir.is_some(),
-        };
-        if already {
-            continue;
-        }
-        let found = ENV_PREFIXES.iter().find_map(|prefix| {
-            let variable = format!("{prefix}{}", def.env_suffix);
-            getenv(&variable)
-                .filter(|v| !v.is_empty())
-                .map(|v| (variable, v))
-        });
-        let Some((variable, value)) = found else {
-            continue;
-        };
-        let name = def.name.to_string_lossy();
-        check_value(&name, &value)
-            .map_err(|reason| format!("{variable}={value} (stands for --{name}): {reason}"))?;
-        store(def.id, value);
-    }
-    Ok(())
-}
 
 /// The option values given so far.
 pub fn current() -> JobOptions {
@@ -116,13 +221,15 @@ pub fn current() -> JobOptions {
 
 /// Registers every `--container-*` option with Slurm.
 pub fn register_all(spank: &Spank) -> Result<(), SpankError> {
-    for def in TABLE {
+    for (index, def) in TABLE.iter().enumerate() {
         let mut option = ffi::spank_option {
             name: def.name.as_ptr() as *mut c_char,
-            arginfo: def.arginfo.as_ptr() as *mut c_char,
+            arginfo: def
+                .arginfo
+                .map_or(std::ptr::null_mut(), |a| a.as_ptr() as *mut c_char),
             usage: def.usage.as_ptr() as *mut c_char,
-            has_arg: 1,
-            val: def.id as c_int,
+            has_arg: c_int::from(def.arginfo.is_some()),
+            val: index as c_int + 1,
             cb: Some(option_callback),
         };
         spank.register_option(&mut option)?;
@@ -130,45 +237,102 @@ pub fn register_all(spank: &Spank) -> Result<(), SpankError> {
     Ok(())
 }
 
+/// Fills every option the command line did not give from the first of
+/// `BERTH_CONTAINER_<NAME>` and `PYXIS_CONTAINER_<NAME>` that `getenv` knows
+/// (srun: its own environment; slurmstepd: the job's). Empty values count as unset.
+pub fn apply_env_defaults(getenv: impl Fn(&str) -> Option<String>) -> Result<(), String> {
+    let mut values = VALUES.lock().unwrap_or_else(|p| p.into_inner());
+    for def in TABLE {
+        let Some(suffix) = def.env_suffix else {
+            continue;
+        };
+        if !values.is_unset(def.setting) {
+            continue;
+        }
+        let found = ENV_PREFIXES.iter().find_map(|prefix| {
+            let variable = format!("{prefix}{suffix}");
+            getenv(&variable)
+                .filter(|v| !v.is_empty())
+                .map(|v| (variable, v))
+        });
+        let Some((variable, value)) = found else {
+            continue;
+        };
+        let stands_for = |reason: String| {
+            format!(
+                "{variable}={value} (stands for {}): {reason}",
+                def.display_name
+            )
+        };
+        if def.arginfo.is_some() {
+            check_value(def.setting, &value).map_err(stands_for)?;
+            values.set(def.setting, value);
+            continue;
+        }
+        // A flag: the variable is a boolean; false means "not given", except
+        // for the pairs whose variable also says the opposite.
+        let on = parse_bool(&value)
+            .ok_or_else(|| stands_for("expected 1/true/yes/y or 0/false/no/n".to_string()))?;
+        match (def.setting, on) {
+            (setting, true) => values.set(setting, String::new()),
+            (Setting::MountHome(_), false) => values.mount_home = Some(false),
+            (Setting::RemapRoot(_), false) => values.remap_root = Some(false),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Checks one option value; the error names the option and the bad value.
 pub fn validate(name: &str, value: &str) -> Result<(), String> {
-    check_value(name, value).map_err(|reason| format!("--{name}={value}: {reason}"))
+    let def = TABLE
+        .iter()
+        .find(|d| d.name.to_bytes() == name.as_bytes())
+        .ok_or_else(|| format!("--{name}: unknown option"))?;
+    check_value(def.setting, value).map_err(|reason| format!("--{name}={value}: {reason}"))
 }
 
 /// Checks one option value; the error says what is wrong with it.
-fn check_value(name: &str, value: &str) -> Result<(), String> {
-    match name {
-        "container-image" => ImageSource::parse(value)
+fn check_value(setting: Setting, value: &str) -> Result<(), String> {
+    match setting {
+        Setting::Image => ImageSource::parse(value)
             .map(|_| ())
             .map_err(|e| e.to_string()),
-        "container-mounts" => parse_mounts(value).map(|_| ()).map_err(|e| e.to_string()),
-        "container-workdir" => {
-            if value.starts_with('/') {
-                Ok(())
-            } else {
-                Err(format!(
-                    "'{value}' is not an absolute path (write the full path inside the container)"
-                ))
-            }
-        }
-        _ => Err("unknown option".to_string()),
+        Setting::Mounts => parse_mounts(value).map(|_| ()).map_err(|e| e.to_string()),
+        Setting::Workdir if value.starts_with('/') => Ok(()),
+        Setting::Workdir => Err(format!(
+            "'{value}' is not an absolute path (write the full path inside the container)"
+        )),
+        Setting::Env => env_names(value).map(|_| ()),
+        Setting::Unshare => Namespace::parse_list(value).map(|_| ()),
+        _ => Ok(()),
     }
 }
 
-fn store(id: OptionId, value: String) {
-    let mut values = VALUES.lock().unwrap_or_else(|p| p.into_inner());
-    match id {
-        OptionId::Image => values.image = Some(value),
-        OptionId::Mounts => values.mounts = Some(value),
-        OptionId::Workdir => values.workdir = Some(value),
+/// The names listed in `--container-env`.
+pub fn env_names(value: &str) -> Result<Vec<String>, String> {
+    let names: Vec<String> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .collect();
+    for name in &names {
+        let valid = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(format!(
+                "'{name}' is not a variable name (letters, digits and _, not starting with a digit)"
+            ));
+        }
     }
+    Ok(names)
 }
 
 extern "C" fn option_callback(val: c_int, optarg: *const c_char, _remote: c_int) -> c_int {
-    let Some(def) = TABLE.iter().find(|d| d.id as c_int == val) else {
+    let Some(def) = usize::try_from(val - 1).ok().and_then(|i| TABLE.get(i)) else {
         return -1;
     };
-    let name = def.name.to_string_lossy();
     let value = if optarg.is_null() {
         String::new()
     } else {
@@ -177,18 +341,30 @@ extern "C" fn option_callback(val: c_int, optarg: *const c_char, _remote: c_int)
             .to_string_lossy()
             .into_owned()
     };
-    if let Err(message) = validate(&name, &value) {
-        // srun shows this before anything is allocated; slurmstepd logs it.
-        handle::log_error(&message);
-        return -1;
+    if def.arginfo.is_some() {
+        if let Err(reason) = check_value(def.setting, &value) {
+            // srun shows this before anything is allocated; slurmstepd logs it.
+            handle::log_error(&format!("{}={value}: {reason}", def.display_name));
+            return -1;
+        }
     }
-    store(def.id, value);
+    VALUES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .set(def.setting, value);
     0
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Tests that touch the global values run one at a time.
+    static SERIAL: Mutex<()> = Mutex::new(());
+
+    fn reset() {
+        *VALUES.lock().unwrap() = JobOptions::default();
+    }
 
     #[test]
     fn validation_names_option_and_value() {
@@ -203,15 +379,23 @@ mod tests {
         assert!(validate("container-workdir", "/work").is_ok());
         let e = validate("container-mounts", "relative:/x").unwrap_err();
         assert!(e.starts_with("--container-mounts=relative:/x: "), "{e}");
+        let e = validate("container-unshare", "net,pid").unwrap_err();
+        assert!(e.contains("pid"), "{e}");
+        let e = validate("container-env", "OK,1BAD").unwrap_err();
+        assert!(e.contains("1BAD"), "{e}");
     }
 
     #[test]
     fn environment_fills_missing_options() {
+        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        reset();
         let env = |name: &str| match name {
             "PYXIS_CONTAINER_IMAGE" => Some("ubuntu:22.04".to_string()),
             "BERTH_CONTAINER_WORKDIR" => Some("/work".to_string()),
             "PYXIS_CONTAINER_WORKDIR" => Some("/ignored".to_string()),
             "PYXIS_CONTAINER_MOUNTS" => Some(String::new()),
+            "PYXIS_CONTAINER_READONLY" => Some("yes".to_string()),
+            "PYXIS_CONTAINER_MOUNT_HOME" => Some("0".to_string()),
             _ => None,
         };
         apply_env_defaults(env).unwrap();
@@ -219,18 +403,44 @@ mod tests {
         assert_eq!(values.image.as_deref(), Some("ubuntu:22.04"));
         assert_eq!(values.workdir.as_deref(), Some("/work"));
         assert_eq!(values.mounts, None);
+        assert_eq!(values.writable, Some(false));
+        assert_eq!(values.mount_home, Some(false));
+        assert_eq!(values.remap_root, None);
         // The command line wins over the environment.
-        store(OptionId::Image, "busybox".into());
+        reset();
+        VALUES.lock().unwrap().set(Setting::Image, "busybox".into());
+        VALUES
+            .lock()
+            .unwrap()
+            .set(Setting::Writable(true), String::new());
         apply_env_defaults(env).unwrap();
         assert_eq!(current().image.as_deref(), Some("busybox"));
-        *VALUES.lock().unwrap() = JobOptions::default();
+        assert_eq!(current().writable, Some(true));
+        reset();
         let e = apply_env_defaults(|n| (n == "PYXIS_CONTAINER_IMAGE").then(|| "Bad Ref".into()))
             .unwrap_err();
         assert!(
             e.starts_with("PYXIS_CONTAINER_IMAGE=Bad Ref (stands for --container-image): "),
             "{e}"
         );
-        *VALUES.lock().unwrap() = JobOptions::default();
+        reset();
+        let e = apply_env_defaults(|n| (n == "BERTH_CONTAINER_REMAP_ROOT").then(|| "maybe".into()))
+            .unwrap_err();
+        assert!(e.contains("BERTH_CONTAINER_REMAP_ROOT=maybe"), "{e}");
+        reset();
+    }
+
+    #[test]
+    fn options_without_image_are_listed() {
+        let options = JobOptions {
+            mount_home: Some(true),
+            unshare: Some("net".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            options.given_without_image(),
+            vec!["--container-unshare", "--container-mount-home"]
+        );
     }
 
     #[test]
@@ -238,6 +448,10 @@ mod tests {
         for def in TABLE {
             // SPANK_OPTION_MAXLEN in spank.h
             assert!(def.name.to_bytes().len() < ffi::SPANK_OPTION_MAXLEN as usize);
+            assert_eq!(
+                format!("--{}", def.name.to_string_lossy()),
+                def.display_name
+            );
         }
     }
 }

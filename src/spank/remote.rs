@@ -14,15 +14,22 @@ use std::time::Instant;
 
 use super::ffi;
 use super::handle::{self, Spank};
-use super::options::{self, JobOptions};
+use super::options::{self, env_names, JobOptions};
 use crate::config::Config;
-use crate::container::spec::{parse_mounts, ContainerSpec, MountSpec, UserIdentity};
+use crate::container::spec::{parse_mounts, ContainerSpec, MountSpec, Namespace, UserIdentity};
 use crate::container::{spawn_holder, Container, Mode};
 use crate::privilege::with_root;
 use crate::store::StoredImage;
 
 /// The container of this step on this node, created in `user_init`.
-static CONTAINER: Mutex<Option<Container>> = Mutex::new(None);
+static CONTAINER: Mutex<Option<StepContainer>> = Mutex::new(None);
+
+/// What tasks need to join the step's container.
+struct StepContainer {
+    container: Container,
+    /// `--container-env`: variables whose job value wins over the image's.
+    keep_job_env: Vec<String>,
+}
 
 /// Why `user_init` could not make the container. Slurm 22.05's srun exits 0
 /// when `user_init` fails (the launch fails, no task runs), so the failure is
@@ -103,10 +110,24 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
     spec.mounts = mounts;
     spec.workdir = options.workdir.clone();
     spec.extra_binds = pmi_binds(&job_env);
+    spec.writable = options.writable.unwrap_or(true);
+    spec.mount_home = options.mount_home.unwrap_or(false);
+    spec.remap_root = options.remap_root.unwrap_or(false);
+    if let Some(list) = &options.unshare {
+        spec.unshare =
+            Namespace::parse_list(list).map_err(|e| format!("--container-unshare={list}: {e}"))?;
+    }
+    let keep_job_env = match &options.env {
+        Some(list) => env_names(list).map_err(|e| format!("--container-env={list}: {e}"))?,
+        None => Vec::new(),
+    };
     // spawn_holder takes root for the mounts and the id maps itself.
     let container = spawn_holder(&config.helper_path, &spec, Mode::Privileged)
         .map_err(|e| format!("cannot start the container for image '{image}': {e:#}"))?;
-    *CONTAINER.lock().unwrap_or_else(|p| p.into_inner()) = Some(container);
+    *CONTAINER.lock().unwrap_or_else(|p| p.into_inner()) = Some(StepContainer {
+        container,
+        keep_job_env,
+    });
     handle::log_info(&format!(
         "job {job} step {step}: image {image} ({}) ready in {:.0} ms (pull/lookup {:.0} ms)",
         stored.manifest_digest.as_deref().unwrap_or("squashfs file"),
@@ -122,13 +143,16 @@ pub fn task_init(spank: &Spank) -> Result<(), String> {
         return Err("the container could not be set up on this node (see the error above)".into());
     }
     let guard = CONTAINER.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(container) = guard.as_ref() else {
+    let Some(step) = guard.as_ref() else {
         return Ok(());
     };
-    container
+    step.container
         .join()
         .map_err(|e| format!("cannot enter the container: {e:#}"))?;
-    for (name, value) in container.env(std::iter::empty()) {
+    for (name, value) in step.container.env(std::iter::empty()) {
+        if step.keep_job_env.contains(&name) && spank.getenv(&name).is_some() {
+            continue;
+        }
         spank.setenv(&name, &value).map_err(|e| e.to_string())?;
     }
     Ok(())
