@@ -484,45 +484,37 @@ fn pyxis_options_through_srun() {
     std::fs::set_permissions(&src, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     std::fs::write(format!("{src}/f"), "x").unwrap();
     for who in BOTH {
-        // Remapped root can write the writable root, not the read-only one.
+        // Writable (default) and read-only root file systems.
+        let probe = "touch /new 2>&1 && echo written; true";
+        let run = cluster.srun(who, &[&image, "sh", "-c", probe]).ok();
+        match who {
+            Submitter::Root => assert!(run.stdout.contains("written"), "{}", run.stdout),
+            Submitter::User => assert!(run.stdout.contains("Permission denied"), "{}", run.stdout),
+        }
         let run = cluster
-            .srun(
-                who,
-                &[
-                    &image,
-                    "--container-remap-root",
-                    "sh",
-                    "-c",
-                    "id -u; touch /new && echo root-writable",
-                ],
-            )
-            .ok();
-        assert!(
-            run.stdout.starts_with("0\n"),
-            "{who:?} remap-root: {}",
-            run.stdout
-        );
-        assert!(
-            run.stdout.contains("root-writable"),
-            "{who:?}: {}",
-            run.stdout
-        );
-        let run = cluster
-            .srun(
-                who,
-                &[
-                    &image,
-                    "--container-remap-root",
-                    "--container-readonly",
-                    "sh",
-                    "-c",
-                    "touch /new 2>&1; true",
-                ],
-            )
+            .srun(who, &[&image, "--container-readonly", "sh", "-c", probe])
             .ok();
         assert!(
             run.stdout.contains("Read-only file system"),
             "{who:?} readonly: {}",
+            run.stdout
+        );
+
+        // Remapped root: uid 0 inside, chown succeeds without effect.
+        let run = cluster
+            .srun(
+                who,
+                &[&image, "--container-remap-root", "sh", "-c", "id -u; id -un; touch /tmp/berth-remap-$$ && chown 4242:4242 /tmp/berth-remap-$$ && echo chown-ok; rm -f /tmp/berth-remap-$$"],
+            )
+            .ok();
+        assert!(
+            run.stdout.starts_with("0\nroot\n"),
+            "{who:?} remap-root: {}",
+            run.stdout
+        );
+        assert!(
+            run.stdout.contains("chown-ok"),
+            "{who:?} remap-root: {}",
             run.stdout
         );
 
