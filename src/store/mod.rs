@@ -13,17 +13,28 @@
 //!     config.json             ImageConfig (env, entrypoint, ...)
 //!     manifest.json           the image manifest, exact registry bytes
 //!     meta.json               reference, platform, sizes, converter version
+//!     last-used               its mtime: the last pull or use (for `gc`)
 //! tmp/                        partial downloads and conversions (locked by their writer)
 //! locks/<manifest-hex>.lock   flock per image while it is pulled
+//! locks/store.lock            shared by downloading pulls, exclusive to remove blobs
 //! ```
+//!
+//! A running container holds a shared `flock` on its `image.sqfs`
+//! ([`Store::hold`]); `rmi` and `gc` never remove an image someone holds.
 //!
 //! An image made by another [`crate::image::CONVERTER_VERSION`] counts as
 //! missing and is converted again. A pull always asks the registry for the
 //! manifest first (cheap), so a user who cannot read an image in the registry
 //! cannot start it from the store either.
 
+mod catalog;
 mod fsutil;
+mod gc;
+mod hold;
+mod inspect;
 mod pull;
+mod remove;
+pub mod units;
 
 use std::fs;
 use std::io::Read;
@@ -37,7 +48,12 @@ use crate::image::{ImageConfig, CONVERTER_VERSION};
 use crate::reference::{ImageRef, ImageSource};
 use crate::registry::{Digest, Platform, RegistryOptions};
 
+pub use catalog::ImageEntry;
 pub use fsutil::FileLock;
+pub use gc::{GcOptions, GcReport, Removed};
+pub use hold::ImageHold;
+pub use inspect::{ConfigDetails, ImageDetails, LayerDetails};
+pub use remove::{BlobSweep, RemoveOutcome};
 
 /// The first bytes of every squashfs file.
 pub const SQUASHFS_MAGIC: &[u8; 4] = b"hsqs";
@@ -329,3 +345,5 @@ pub fn pull_image(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_manage;

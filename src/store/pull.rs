@@ -9,6 +9,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 
+use super::catalog::{touch_last_used, LAST_USED};
 use super::fsutil::{sync_dir, write_synced, FileLock, TempEntry};
 use super::{ImageMeta, Store, StoredImage};
 use crate::image::{self, ImageConfig, Layer, SquashfsOptions, CONVERTER_VERSION};
@@ -57,6 +58,7 @@ pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Re
     let digest = resolved.manifest_digest.clone();
     if let Some(found) = store.load(&digest)? {
         progress.say(format!("{image} ({digest}) is already in the store"));
+        touch_last_used(&store.image_dir(&digest));
         return Ok(with_reference(found, &resolved));
     }
 
@@ -66,8 +68,11 @@ pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Re
     })?;
     if let Some(found) = store.load(&digest)? {
         progress.say(format!("{image} ({digest}) was pulled meanwhile"));
+        touch_last_used(&store.image_dir(&digest));
         return Ok(with_reference(found, &resolved));
     }
+    // Blobs found in the store below must stay until the conversion is done.
+    let _downloading = FileLock::shared(&store.store_lock_path())?;
 
     check_media_types(image, &resolved)?;
     let config_desc = &resolved.manifest.config;
@@ -134,6 +139,7 @@ pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Re
         &staging.path().join("meta.json"),
         &serde_json::to_vec_pretty(&meta)?,
     )?;
+    write_synced(&staging.path().join(LAST_USED), b"")?;
     sync_dir(staging.path())?;
     publish(store, staging, &digest)?;
     progress.say(format!("{image} is ready ({digest})"));

@@ -8,7 +8,7 @@ use crate::image::squashfs::tar2sqfs_available;
 use crate::registry::fake::{FakeAuth, FakeRegistry};
 use crate::registry::{NoCredentials, RegistryError};
 
-fn gz_layer(files: &[(&str, &str)]) -> Vec<u8> {
+pub(super) fn gz_layer(files: &[(&str, &str)]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     for (path, data) in files {
         let mut h = tar::Header::new_gnu();
@@ -22,7 +22,7 @@ fn gz_layer(files: &[(&str, &str)]) -> Vec<u8> {
     enc.finish().unwrap()
 }
 
-fn options(reg: &FakeRegistry) -> PullOptions {
+pub(super) fn options(reg: &FakeRegistry) -> PullOptions {
     PullOptions {
         registry: RegistryOptions {
             insecure_registries: vec![
@@ -36,11 +36,11 @@ fn options(reg: &FakeRegistry) -> PullOptions {
     }
 }
 
-fn reference(reg: &FakeRegistry, name: &str) -> ImageRef {
+pub(super) fn reference(reg: &FakeRegistry, name: &str) -> ImageRef {
     ImageRef::parse(&format!("{}/{name}", reg.addr)).unwrap()
 }
 
-fn entries(dir: &Path) -> Vec<String> {
+pub(super) fn entries(dir: &Path) -> Vec<String> {
     let mut v: Vec<_> = fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -49,7 +49,7 @@ fn entries(dir: &Path) -> Vec<String> {
     v
 }
 
-fn skip_without_tar2sqfs(test: &str) -> bool {
+pub(super) fn skip_without_tar2sqfs(test: &str) -> bool {
     if tar2sqfs_available() {
         return false;
     }
@@ -86,7 +86,13 @@ fn pull_converts_then_hits_the_store() {
     assert_eq!(first.squashfs, dir.join("image.sqfs"));
     assert_eq!(
         entries(&dir),
-        ["config.json", "image.sqfs", "manifest.json", "meta.json"]
+        [
+            "config.json",
+            "image.sqfs",
+            "last-used",
+            "manifest.json",
+            "meta.json"
+        ]
     );
     let magic = fs::read(&first.squashfs).unwrap();
     assert_eq!(&magic[..4], SQUASHFS_MAGIC);
