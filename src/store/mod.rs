@@ -167,6 +167,14 @@ impl Store {
     /// left by writers that are gone. The root is mode 0755 when made by root
     /// (a node store), 0700 otherwise (a user's private cache).
     pub fn open(root: impl AsRef<Path>) -> Result<Store> {
+        let store = Store::open_unswept(root)?;
+        fsutil::sweep_temp(&store.tmp_dir())?;
+        Ok(store)
+    }
+
+    /// Like [`Store::open`], but leaves temp files of dead writers for
+    /// [`Store::gc`] to remove and report.
+    pub fn open_unswept(root: impl AsRef<Path>) -> Result<Store> {
         let root = root.as_ref().to_path_buf();
         let root_mode = if is_root() { 0o755 } else { 0o700 };
         let fix = |e: std::io::Error, p: &Path| {
@@ -201,7 +209,6 @@ impl Store {
                     .map_err(|e| fix(e, &dir))?;
             }
         }
-        fsutil::sweep_temp(&store.tmp_dir())?;
         Ok(store)
     }
 
