@@ -3,7 +3,7 @@
 
 use std::io::{Read, Write};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use url::Url;
@@ -14,6 +14,7 @@ use super::digest::{Digest, HashingWriter};
 use super::error::RegistryError;
 use super::manifest::{ImageManifest, Manifest, MANIFEST_ACCEPT};
 use super::platform::Platform;
+use super::retry::{retryable_status, retryable_transport, RetryPolicy};
 use crate::reference::ImageRef;
 
 /// Largest manifest or index berth reads (real ones are a few KiB).
@@ -56,6 +57,8 @@ pub struct RegistryOptions {
     /// Where logins come from (default: enroot's credentials file of the
     /// current environment).
     pub credentials: Arc<dyn Credentials>,
+    /// Retries of transient failures (connection errors, 429, 5xx).
+    pub retry: RetryPolicy,
 }
 
 impl Default for RegistryOptions {
@@ -65,6 +68,7 @@ impl Default for RegistryOptions {
             user_agent: format!("berth/{}", env!("CARGO_PKG_VERSION")),
             timeouts: Timeouts::default(),
             credentials: Arc::new(EnrootCredentials::from_env()),
+            retry: RetryPolicy::default(),
         }
     }
 }
@@ -107,6 +111,7 @@ pub struct RegistryClient {
     insecure: Vec<String>,
     credentials: Arc<dyn Credentials>,
     auth: AuthCache,
+    retry: RetryPolicy,
 }
 
 impl RegistryClient {
@@ -125,6 +130,7 @@ impl RegistryClient {
             insecure: options.insecure_registries.clone(),
             credentials: Arc::clone(&options.credentials),
             auth: AuthCache::default(),
+            retry: options.retry,
         }
     }
 
@@ -351,14 +357,17 @@ impl RegistryClient {
         let mut redirects = 0;
         loop {
             let same_origin = origin(&url) == registry_origin;
-            let mut req = self.agent.get(&url);
-            if let Some(accept) = accept {
-                req = req.set("Accept", accept);
-            }
-            if let (Some(auth), true) = (&auth, same_origin) {
-                req = req.set("Authorization", auth);
-            }
-            match req.call() {
+            let request = || {
+                let mut req = self.agent.get(&url);
+                if let Some(accept) = accept {
+                    req = req.set("Accept", accept);
+                }
+                if let (Some(auth), true) = (&auth, same_origin) {
+                    req = req.set("Authorization", auth);
+                }
+                req
+            };
+            match self.call(request) {
                 Ok(resp) if (300..400).contains(&resp.status()) => {
                     redirects += 1;
                     let location = resp.header("location").unwrap_or_default().to_string();
@@ -453,11 +462,14 @@ impl RegistryClient {
                 let realm_host = host_port(&token_url);
                 let cred =
                     self.lookup_credential(&[&realm_host, image.api_host(), &image.registry], user);
-                let mut req = self.agent.get(token_url.as_str());
-                if let Some(cred) = &cred {
-                    req = req.set("Authorization", &basic_header(&cred.login, &cred.password));
-                }
-                let resp = match req.call() {
+                let request = || {
+                    let req = self.agent.get(token_url.as_str());
+                    match &cred {
+                        Some(c) => req.set("Authorization", &basic_header(&c.login, &c.password)),
+                        None => req,
+                    }
+                };
+                let resp = match self.call(request) {
                     Ok(resp) if resp.status() == 200 => resp,
                     Ok(resp) => {
                         return Err(RegistryError::Auth {
@@ -506,6 +518,44 @@ impl RegistryClient {
                     challenge.split_whitespace().next().unwrap_or("")
                 ),
             }),
+        }
+    }
+
+    /// Sends the request `build` makes, again after a wait while it fails
+    /// transiently and the retry policy allows (see [`RetryPolicy`]).
+    // Same result type as ureq's own `Request::call`, which this wraps.
+    #[allow(clippy::result_large_err)]
+    fn call(&self, build: impl Fn() -> ureq::Request) -> Result<ureq::Response, ureq::Error> {
+        let started = Instant::now();
+        let mut attempt = 1;
+        loop {
+            let request = build();
+            let url = strip_query(request.url());
+            let result = request.call();
+            let (what, retry_after) = match &result {
+                Err(ureq::Error::Status(status, resp)) if retryable_status(*status) => (
+                    format!("answered HTTP {status}"),
+                    resp.header("retry-after").map(str::to_string),
+                ),
+                Err(ureq::Error::Transport(t)) if retryable_transport(t.kind()) => {
+                    (format!("failed ({})", t.kind()), None)
+                }
+                _ => return result,
+            };
+            let Some(wait) = self
+                .retry
+                .delay(attempt, retry_after.as_deref(), started.elapsed())
+            else {
+                return result;
+            };
+            eprintln!(
+                "berth: {url} {what}; retrying in {:.1} s (attempt {} of {})",
+                wait.as_secs_f64(),
+                attempt + 1,
+                self.retry.attempts
+            );
+            std::thread::sleep(wait);
+            attempt += 1;
         }
     }
 

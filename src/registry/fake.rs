@@ -36,6 +36,9 @@ pub struct State {
     pub log: Vec<String>,
     pub wrong_content_digest: bool,
     pub redirect_blobs: bool,
+    /// Answers given, in order, to the next requests instead of the real ones:
+    /// status line and headers (e.g. `"503 Service Unavailable"`).
+    pub failures: std::collections::VecDeque<(String, Vec<(String, String)>)>,
 }
 
 pub struct FakeRegistry {
@@ -163,6 +166,20 @@ impl FakeRegistry {
         )
     }
 
+    /// Makes the next requests fail with `status` (e.g. `"503 Service
+    /// Unavailable"`) and `headers`, once each.
+    pub fn fail_next(&self, status: &str, headers: &[(&str, &str)]) {
+        let headers = headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self.state
+            .lock()
+            .unwrap()
+            .failures
+            .push_back((status.to_string(), headers));
+    }
+
     /// Requests whose line starts with `prefix` (e.g. "GET /v2/x/blobs/").
     pub fn count(&self, prefix: &str) -> usize {
         self.state
@@ -224,6 +241,14 @@ fn handle(mut conn: TcpStream, state: &Mutex<State>, auth: &FakeAuth, addr: &str
         "{method} {path} {}",
         if authz.is_some() { "auth" } else { "noauth" }
     ));
+    let failure = state.lock().unwrap().failures.pop_front();
+    if let Some((status, headers)) = failure {
+        let headers: Vec<(&str, String)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        return respond(&mut conn, &status, &headers, b"");
+    }
     let error = |code: &str| {
         serde_json::json!({"errors": [{"code": code, "message": code.to_lowercase()}]}).to_string()
     };

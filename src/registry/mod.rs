@@ -14,6 +14,7 @@ pub mod error;
 pub(crate) mod fake;
 pub mod manifest;
 pub mod platform;
+pub mod retry;
 
 pub use client::{FetchedManifest, RegistryClient, RegistryOptions, ResolvedImage, Timeouts};
 pub use credentials::{Credential, Credentials, EnrootCredentials, NoCredentials};
@@ -21,6 +22,7 @@ pub use digest::Digest;
 pub use error::RegistryError;
 pub use manifest::{Descriptor, ImageIndex, ImageManifest, Manifest};
 pub use platform::Platform;
+pub use retry::RetryPolicy;
 
 #[cfg(test)]
 mod tests;

@@ -14,7 +14,16 @@ fn options(reg: &FakeRegistry) -> RegistryOptions {
             format!("localhost:{}", reg.addr.rsplit(':').next().unwrap()),
         ],
         credentials: Arc::new(NoCredentials),
+        retry: fast_retries(),
         ..RegistryOptions::default()
+    }
+}
+
+/// The default number of attempts, with short waits.
+fn fast_retries() -> RetryPolicy {
+    RetryPolicy {
+        initial_delay: std::time::Duration::from_millis(10),
+        ..RetryPolicy::default()
     }
 }
 
@@ -233,4 +242,53 @@ fn credentials_for_token_and_basic_auth() {
     client
         .resolve(&image(&reg, "ns/b:v1"), &Platform::current())
         .unwrap();
+}
+
+#[test]
+fn transient_failures_are_retried() {
+    let reg = FakeRegistry::start(FakeAuth::None);
+    let digest = reg.push_image("ns/app", "v1", vec![b"layer".to_vec()], &[]);
+    let client = RegistryClient::new(&options(&reg));
+    reg.fail_next("503 Service Unavailable", &[]);
+    let r = client
+        .resolve(&image(&reg, "ns/app:v1"), &Platform::current())
+        .unwrap();
+    assert_eq!(r.manifest_digest, digest);
+    assert_eq!(reg.count("GET /v2/ns/app/manifests/v1"), 2);
+
+    // 429 with Retry-After: 1 waits that second, then succeeds.
+    reg.fail_next("429 Too Many Requests", &[("Retry-After", "1")]);
+    let layer = Digest::parse(&r.manifest.layers[0].digest).unwrap();
+    let started = std::time::Instant::now();
+    let mut out = Vec::new();
+    client
+        .fetch_blob(&r.image, &layer, Some(5), &mut out)
+        .unwrap();
+    assert_eq!(out, b"layer");
+    let waited = started.elapsed();
+    assert!(
+        waited >= std::time::Duration::from_secs(1) && waited < std::time::Duration::from_secs(5),
+        "{waited:?}"
+    );
+    assert_eq!(reg.count(&format!("GET /v2/ns/app/blobs/{layer}")), 2);
+
+    // Bounded: after `attempts` failures the last error is reported.
+    for _ in 0..4 {
+        reg.fail_next("502 Bad Gateway", &[]);
+    }
+    let e = err_of(client.fetch_manifest(&image(&reg, "ns/app:v1"), "v1"));
+    assert!(matches!(e, RegistryError::Http { status: 502, .. }), "{e}");
+    assert_eq!(reg.count("GET /v2/ns/app/manifests/v1"), 6);
+
+    // A Retry-After beyond the time bound is not waited for.
+    reg.state.lock().unwrap().failures.clear();
+    reg.fail_next("429 Too Many Requests", &[("Retry-After", "3600")]);
+    let e = err_of(client.fetch_manifest(&image(&reg, "ns/app:v1"), "v1"));
+    assert!(matches!(e, RegistryError::Http { status: 429, .. }), "{e}");
+
+    // Not found is final: asked once.
+    let before = reg.count("GET /v2/ns/none/");
+    let e = err_of(client.resolve(&image(&reg, "ns/none:v1"), &Platform::current()));
+    assert!(matches!(e, RegistryError::ManifestUnknown { .. }), "{e}");
+    assert_eq!(reg.count("GET /v2/ns/none/"), before + 1);
 }

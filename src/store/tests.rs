@@ -30,6 +30,10 @@ pub(super) fn options(reg: &FakeRegistry) -> PullOptions {
                 format!("localhost:{}", reg.addr.rsplit(':').next().unwrap()),
             ],
             credentials: Arc::new(NoCredentials),
+            retry: crate::registry::RetryPolicy {
+                initial_delay: std::time::Duration::from_millis(10),
+                ..Default::default()
+            },
             ..RegistryOptions::default()
         },
         progress: false,
