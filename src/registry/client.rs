@@ -59,6 +59,12 @@ pub struct RegistryOptions {
     pub credentials: Arc<dyn Credentials>,
     /// Retries of transient failures (connection errors, 429, 5xx).
     pub retry: RetryPolicy,
+    /// Pull-through mirrors: `(registry, mirror)`, both `host[:port]` (e.g.
+    /// `("docker.io", "mirror.site:5000")`). Manifests and blobs of images in
+    /// `registry` are asked from `mirror` first (same repository path), then
+    /// from the registry itself when the mirror fails. Digests are checked
+    /// either way; a mirror in `insecure_registries` is reached over HTTP.
+    pub mirrors: Vec<(String, String)>,
 }
 
 impl Default for RegistryOptions {
@@ -69,6 +75,7 @@ impl Default for RegistryOptions {
             timeouts: Timeouts::default(),
             credentials: Arc::new(EnrootCredentials::from_env()),
             retry: RetryPolicy::default(),
+            mirrors: Vec::new(),
         }
     }
 }
@@ -112,6 +119,7 @@ pub struct RegistryClient {
     credentials: Arc<dyn Credentials>,
     auth: AuthCache,
     retry: RetryPolicy,
+    mirrors: Vec<(String, String)>,
 }
 
 impl RegistryClient {
@@ -131,6 +139,7 @@ impl RegistryClient {
             credentials: Arc::clone(&options.credentials),
             auth: AuthCache::default(),
             retry: options.retry,
+            mirrors: options.mirrors.clone(),
         }
     }
 
@@ -207,9 +216,36 @@ impl RegistryClient {
         })
     }
 
+    /// The same image on the configured mirror of its registry, if any.
+    fn mirror_of(&self, image: &ImageRef) -> Option<ImageRef> {
+        let (_, mirror) = self.mirrors.iter().find(|(r, _)| *r == image.registry)?;
+        Some(ImageRef {
+            registry: mirror.clone(),
+            ..image.clone()
+        })
+    }
+
     /// Resolves `image` (tag or digest) to the image manifest for `platform`,
-    /// following indexes, nested ones too.
+    /// following indexes, nested ones too. Asks the registry's mirror first
+    /// when one is configured; the result names `image`'s own registry.
     pub fn resolve(&self, image: &ImageRef, platform: &Platform) -> Result<ResolvedImage> {
+        if let Some(mirror) = self.mirror_of(image) {
+            match self.resolve_at(&mirror, platform) {
+                Ok(mut resolved) => {
+                    resolved.image = image.with_digest(resolved.manifest_digest.as_str());
+                    return Ok(resolved);
+                }
+                Err(e) => eprintln!(
+                    "berth: mirror {} failed for {image} ({e:#}); asking {}",
+                    mirror.registry, image.registry
+                ),
+            }
+        }
+        self.resolve_at(image, platform)
+    }
+
+    /// [`RegistryClient::resolve`] at exactly `image`'s registry.
+    fn resolve_at(&self, image: &ImageRef, platform: &Platform) -> Result<ResolvedImage> {
         let top = self.fetch_manifest(image, image.manifest_reference())?;
         let mut index_digest = None;
         let mut chosen_platform = None;
@@ -251,7 +287,31 @@ impl RegistryClient {
     /// checks digest and (when given) size at the end. Returns the byte count.
     ///
     /// `out` holds unverified bytes until this returns `Ok`: write to a temp file.
+    /// With a mirror configured, the mirror is asked first; the registry is
+    /// asked when the mirror fails before sending any byte.
     pub fn fetch_blob(
+        &self,
+        image: &ImageRef,
+        digest: &Digest,
+        size: Option<u64>,
+        out: &mut dyn Write,
+    ) -> Result<u64> {
+        if let Some(mirror) = self.mirror_of(image) {
+            let mut counted = CountingWriter { inner: out, n: 0 };
+            match self.fetch_blob_at(&mirror, digest, size, &mut counted) {
+                Ok(n) => return Ok(n),
+                Err(e) if counted.n == 0 => eprintln!(
+                    "berth: mirror {} failed for blob {digest} of {image} ({e:#}); asking {}",
+                    mirror.registry, image.registry
+                ),
+                Err(e) => return Err(e),
+            }
+        }
+        self.fetch_blob_at(image, digest, size, out)
+    }
+
+    /// [`RegistryClient::fetch_blob`] from exactly `image`'s registry.
+    fn fetch_blob_at(
         &self,
         image: &ImageRef,
         digest: &Digest,
@@ -565,6 +625,24 @@ impl RegistryClient {
         user: Option<&str>,
     ) -> Option<super::credentials::Credential> {
         hosts.iter().find_map(|h| self.credentials.lookup(h, user))
+    }
+}
+
+/// A writer that counts what passes through it.
+struct CountingWriter<'a> {
+    inner: &'a mut dyn Write,
+    n: u64,
+}
+
+impl Write for CountingWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.n += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
     }
 }
 

@@ -292,3 +292,62 @@ fn transient_failures_are_retried() {
     assert!(matches!(e, RegistryError::ManifestUnknown { .. }), "{e}");
     assert_eq!(reg.count("GET /v2/ns/none/"), before + 1);
 }
+
+#[test]
+fn mirrors_are_tried_first() {
+    let origin = FakeRegistry::start(FakeAuth::None);
+    let mirror = FakeRegistry::start(FakeAuth::None);
+    let layers = || vec![b"base".to_vec(), b"top".to_vec()];
+    let digest = origin.push_image("ns/app", "v1", layers(), &[]);
+    assert_eq!(mirror.push_image("ns/app", "v1", layers(), &[]), digest);
+    let client = RegistryClient::new(&RegistryOptions {
+        insecure_registries: vec![origin.addr.clone(), mirror.addr.clone()],
+        mirrors: vec![(origin.addr.clone(), mirror.addr.clone())],
+        ..options(&origin)
+    });
+    let wanted = image(&origin, "ns/app:v1");
+    let fetch_all = |r: &ResolvedImage| {
+        for layer in &r.manifest.layers {
+            let d = Digest::parse(&layer.digest).unwrap();
+            client
+                .fetch_blob(&wanted, &d, Some(layer.size), &mut Vec::new())
+                .unwrap();
+        }
+    };
+
+    // The mirror has everything: the origin is not asked.
+    let r = client.resolve(&wanted, &Platform::current()).unwrap();
+    assert_eq!(r.manifest_digest, digest);
+    assert_eq!(r.image.registry, origin.addr, "the result names the origin");
+    fetch_all(&r);
+    assert_eq!(mirror.count("GET /v2/ns/app/blobs/"), 2);
+    assert!(origin.state.lock().unwrap().log.is_empty());
+
+    // The mirror lacks a layer: that blob comes from the origin.
+    let top = Digest::of_bytes(b"top");
+    mirror.fail_next("404 Not Found", &[]);
+    client
+        .fetch_blob(&wanted, &top, Some(3), &mut Vec::new())
+        .unwrap();
+    assert_eq!(origin.count(&format!("GET /v2/ns/app/blobs/{top}")), 1);
+
+    // The mirror is down (or lacks the image): everything comes from the origin.
+    let other = origin.push_image(
+        "ns/other",
+        "v1",
+        vec![b"other1".to_vec(), b"other2".to_vec()],
+        &[],
+    );
+    let wanted = image(&origin, "ns/other:v1");
+    let r = client.resolve(&wanted, &Platform::current()).unwrap();
+    assert_eq!(r.manifest_digest, other);
+    assert_eq!(mirror.count("GET /v2/ns/other/manifests/v1"), 1);
+    assert_eq!(origin.count("GET /v2/ns/other/manifests/v1"), 1);
+    for layer in &r.manifest.layers {
+        let d = Digest::parse(&layer.digest).unwrap();
+        client
+            .fetch_blob(&wanted, &d, Some(layer.size), &mut Vec::new())
+            .unwrap();
+    }
+    assert_eq!(origin.count("GET /v2/ns/other/blobs/"), 2);
+}
