@@ -11,6 +11,7 @@ use url::Url;
 use super::auth::{basic_header, token_lifetime, AuthCache, Challenge, TokenResponse};
 use super::credentials::{Credentials, EnrootCredentials};
 use super::digest::{Digest, HashingWriter};
+use super::docker_config::{ChainedCredentials, DockerCredentials};
 use super::error::RegistryError;
 use super::manifest::{ImageManifest, Manifest, MANIFEST_ACCEPT};
 use super::platform::Platform;
@@ -55,7 +56,7 @@ pub struct RegistryOptions {
     /// Network timeouts.
     pub timeouts: Timeouts,
     /// Where logins come from (default: enroot's credentials file of the
-    /// current environment).
+    /// current environment, then docker's `config.json`).
     pub credentials: Arc<dyn Credentials>,
     /// Retries of transient failures (connection errors, 429, 5xx).
     pub retry: RetryPolicy,
@@ -73,7 +74,10 @@ impl Default for RegistryOptions {
             insecure_registries: Vec::new(),
             user_agent: format!("berth/{}", env!("CARGO_PKG_VERSION")),
             timeouts: Timeouts::default(),
-            credentials: Arc::new(EnrootCredentials::from_env()),
+            credentials: Arc::new(ChainedCredentials(vec![
+                Arc::new(EnrootCredentials::from_env()),
+                Arc::new(DockerCredentials::from_env()),
+            ])),
             retry: RetryPolicy::default(),
             mirrors: Vec::new(),
         }
