@@ -15,6 +15,7 @@ use super::docker_config::{ChainedCredentials, DockerCredentials};
 use super::error::RegistryError;
 use super::manifest::{ImageManifest, Manifest, MANIFEST_ACCEPT};
 use super::platform::Platform;
+use super::proxy::ProxySettings;
 use super::retry::{retryable_status, retryable_transport, RetryPolicy};
 use crate::reference::ImageRef;
 
@@ -66,6 +67,8 @@ pub struct RegistryOptions {
     /// from the registry itself when the mirror fails. Digests are checked
     /// either way; a mirror in `insecure_registries` is reached over HTTP.
     pub mirrors: Vec<(String, String)>,
+    /// Proxies (default: from `HTTP_PROXY`, `HTTPS_PROXY`, `NO_PROXY`, ...).
+    pub proxy: ProxySettings,
 }
 
 impl Default for RegistryOptions {
@@ -80,6 +83,7 @@ impl Default for RegistryOptions {
             ])),
             retry: RetryPolicy::default(),
             mirrors: Vec::new(),
+            proxy: ProxySettings::from_env(),
         }
     }
 }
@@ -118,7 +122,11 @@ pub struct ResolvedImage {
 /// between threads (`&RegistryClient` is `Send`); tokens are cached per repository.
 #[derive(Debug)]
 pub struct RegistryClient {
+    /// For requests that go directly.
     agent: ureq::Agent,
+    /// One agent per proxy URL in use.
+    proxied: Vec<(String, ureq::Agent)>,
+    proxy: ProxySettings,
     insecure: Vec<String>,
     credentials: Arc<dyn Credentials>,
     auth: AuthCache,
@@ -129,16 +137,27 @@ pub struct RegistryClient {
 impl RegistryClient {
     /// A client with `options`.
     pub fn new(options: &RegistryOptions) -> RegistryClient {
-        let agent = ureq::AgentBuilder::new()
-            .timeout_connect(options.timeouts.connect)
-            .timeout_read(options.timeouts.read)
-            .timeout_write(options.timeouts.read)
-            .user_agent(&options.user_agent)
-            // Redirects are followed by hand so that credentials never go to another host.
-            .redirects(0)
-            .build();
+        let mut proxied: Vec<(String, ureq::Agent)> = Vec::new();
+        for (variable, url) in [
+            ("HTTP_PROXY", &options.proxy.http),
+            ("HTTPS_PROXY", &options.proxy.https),
+        ] {
+            let Some(url) = url else { continue };
+            if proxied.iter().any(|(u, _)| u == url) {
+                continue;
+            }
+            match ureq::Proxy::new(url) {
+                Ok(proxy) => proxied.push((url.clone(), build_agent(options, Some(proxy)))),
+                Err(e) => eprintln!(
+                    "berth: warning: ignoring {variable} '{}': {e}; give http://HOST:PORT",
+                    strip_userinfo(url)
+                ),
+            }
+        }
         RegistryClient {
-            agent,
+            agent: build_agent(options, None),
+            proxied,
+            proxy: options.proxy.clone(),
             insecure: options.insecure_registries.clone(),
             credentials: Arc::clone(&options.credentials),
             auth: AuthCache::default(),
@@ -218,6 +237,20 @@ impl RegistryClient {
             media_type,
             manifest,
         })
+    }
+
+    /// The agent for `url`: through its proxy, or direct.
+    fn agent_for(&self, url: &str) -> &ureq::Agent {
+        let proxy = Url::parse(url).ok().and_then(|u| {
+            let host = u.host_str()?.trim_start_matches('[').trim_end_matches(']');
+            let port = u.port_or_known_default()?;
+            self.proxy
+                .proxy_for(u.scheme(), host, port)
+                .map(str::to_string)
+        });
+        proxy
+            .and_then(|p| self.proxied.iter().find(|(u, _)| *u == p))
+            .map_or(&self.agent, |(_, agent)| agent)
     }
 
     /// The same image on the configured mirror of its registry, if any.
@@ -422,7 +455,7 @@ impl RegistryClient {
         loop {
             let same_origin = origin(&url) == registry_origin;
             let request = || {
-                let mut req = self.agent.get(&url);
+                let mut req = self.agent_for(&url).get(&url);
                 if let Some(accept) = accept {
                     req = req.set("Accept", accept);
                 }
@@ -527,7 +560,7 @@ impl RegistryClient {
                 let cred =
                     self.lookup_credential(&[&realm_host, image.api_host(), &image.registry], user);
                 let request = || {
-                    let req = self.agent.get(token_url.as_str());
+                    let req = self.agent_for(token_url.as_str()).get(token_url.as_str());
                     match &cred {
                         Some(c) => req.set("Authorization", &basic_header(&c.login, &c.password)),
                         None => req,
@@ -629,6 +662,35 @@ impl RegistryClient {
         user: Option<&str>,
     ) -> Option<super::credentials::Credential> {
         hosts.iter().find_map(|h| self.credentials.lookup(h, user))
+    }
+}
+
+/// An HTTP agent with `options`' timeouts and user agent, through `proxy`.
+fn build_agent(options: &RegistryOptions, proxy: Option<ureq::Proxy>) -> ureq::Agent {
+    let builder = ureq::AgentBuilder::new()
+        .timeout_connect(options.timeouts.connect)
+        .timeout_read(options.timeouts.read)
+        .timeout_write(options.timeouts.read)
+        .user_agent(&options.user_agent)
+        // Proxies are chosen per request (NO_PROXY), see `agent_for`.
+        .try_proxy_from_env(false)
+        // Redirects are followed by hand so that credentials never go to another host.
+        .redirects(0);
+    match proxy {
+        Some(proxy) => builder.proxy(proxy),
+        None => builder,
+    }
+    .build()
+}
+
+/// A proxy URL without `user:password@`, for messages.
+fn strip_userinfo(url: &str) -> String {
+    match url.split_once('@') {
+        Some((before, after)) => match before.split_once("://") {
+            Some((scheme, _)) => format!("{scheme}://{after}"),
+            None => after.to_string(),
+        },
+        None => url.to_string(),
     }
 }
 

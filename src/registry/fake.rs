@@ -39,6 +39,8 @@ pub struct State {
     /// Answers given, in order, to the next requests instead of the real ones:
     /// status line and headers (e.g. `"503 Service Unavailable"`).
     pub failures: std::collections::VecDeque<(String, Vec<(String, String)>)>,
+    /// Requests that came as a proxy's (absolute URL).
+    pub proxied: usize,
 }
 
 pub struct FakeRegistry {
@@ -235,6 +237,15 @@ fn handle(mut conn: TcpStream, state: &Mutex<State>, auth: &FakeAuth, addr: &str
                 authz = Some(v.trim().to_string());
             }
         }
+    }
+    // A proxy request names the whole URL: serve it as if asked directly.
+    let proxied = target.starts_with("http://");
+    let target = match target.strip_prefix("http://") {
+        Some(rest) => rest.find('/').map_or("/", |i| &rest[i..]).to_string(),
+        None => target,
+    };
+    if proxied {
+        state.lock().unwrap().proxied += 1;
     }
     let path = target.split('?').next().unwrap_or("").to_string();
     state.lock().unwrap().log.push(format!(

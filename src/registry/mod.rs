@@ -15,6 +15,7 @@ pub mod error;
 pub(crate) mod fake;
 pub mod manifest;
 pub mod platform;
+pub mod proxy;
 pub mod retry;
 
 pub use client::{FetchedManifest, RegistryClient, RegistryOptions, ResolvedImage, Timeouts};
@@ -24,6 +25,7 @@ pub use docker_config::{ChainedCredentials, DockerCredentials};
 pub use error::RegistryError;
 pub use manifest::{Descriptor, ImageIndex, ImageManifest, Manifest};
 pub use platform::Platform;
+pub use proxy::ProxySettings;
 pub use retry::RetryPolicy;
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ fn options(reg: &FakeRegistry) -> RegistryOptions {
         ],
         credentials: Arc::new(NoCredentials),
         retry: fast_retries(),
+        proxy: ProxySettings::default(),
         ..RegistryOptions::default()
     }
 }
@@ -350,4 +351,36 @@ fn mirrors_are_tried_first() {
             .unwrap();
     }
     assert_eq!(origin.count("GET /v2/ns/other/blobs/"), 2);
+}
+
+#[test]
+fn proxies_and_no_proxy() {
+    // The fake registry also serves proxy requests, so it can play the proxy
+    // for a registry host that does not exist.
+    let proxy = FakeRegistry::start(FakeAuth::None);
+    let digest = proxy.push_image("ns/app", "v1", vec![b"layer".to_vec()], &[]);
+    let far = ImageRef::parse("registry.invalid:5000/ns/app:v1").unwrap();
+    let settings = |no_proxy: &str| ProxySettings {
+        http: Some(format!("http://{}", proxy.addr)),
+        https: None,
+        no_proxy: vec![no_proxy.to_string()],
+    };
+    let client = |no_proxy: &str| {
+        RegistryClient::new(&RegistryOptions {
+            insecure_registries: vec!["registry.invalid:5000".to_string()],
+            proxy: settings(no_proxy),
+            retry: RetryPolicy::never(),
+            ..options(&proxy)
+        })
+    };
+    let r = client("other.invalid")
+        .resolve(&far, &Platform::current())
+        .unwrap();
+    assert_eq!(r.manifest_digest, digest);
+    assert_eq!(proxy.state.lock().unwrap().proxied, 1);
+
+    // NO_PROXY: the host is asked directly, and does not resolve.
+    let e = err_of(client(".invalid").resolve(&far, &Platform::current()));
+    assert!(matches!(e, RegistryError::Unreachable { .. }), "{e}");
+    assert_eq!(proxy.state.lock().unwrap().proxied, 1);
 }

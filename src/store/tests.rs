@@ -34,6 +34,7 @@ pub(super) fn options(reg: &FakeRegistry) -> PullOptions {
                 initial_delay: std::time::Duration::from_millis(10),
                 ..Default::default()
             },
+            proxy: crate::registry::ProxySettings::default(),
             ..RegistryOptions::default()
         },
         progress: false,
