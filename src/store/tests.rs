@@ -298,3 +298,45 @@ fn concurrent_pulls_download_once() {
     );
     assert!(entries(&root.path().join("tmp")).is_empty());
 }
+
+#[test]
+fn gzip_zstd_and_plain_layers_mix() {
+    if skip_without_tar2sqfs("gzip_zstd_and_plain_layers_mix") {
+        return;
+    }
+    let tar = |path: &str, data: &str| {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o644);
+        h.set_size(data.len() as u64);
+        b.append_data(&mut h, path, data.as_bytes()).unwrap();
+        b.into_inner().unwrap()
+    };
+    let reg = FakeRegistry::start(FakeAuth::None);
+    reg.push_image(
+        "ns/mixed",
+        "v1",
+        vec![
+            gz_layer(&[("a", "gzip")]),
+            zstd::stream::encode_all(&tar("b", "zstd")[..], 3).unwrap(),
+            tar("c", "plain"),
+        ],
+        &[],
+    );
+    let root = tempfile::tempdir().unwrap();
+    let source = ImageSource::Registry(reference(&reg, "ns/mixed:v1"));
+    let image = pull_image(root.path(), &source, &options(&reg)).unwrap();
+    let listing = std::process::Command::new("unsquashfs")
+        .arg("-l")
+        .arg(&image.squashfs)
+        .output();
+    if let Ok(listing) = listing {
+        let listing = String::from_utf8_lossy(&listing.stdout);
+        for file in ["/a", "/b", "/c"] {
+            assert!(
+                listing.contains(&format!("squashfs-root{file}")),
+                "{listing}"
+            );
+        }
+    }
+}
