@@ -41,6 +41,9 @@ pub struct State {
     pub failures: std::collections::VecDeque<(String, Vec<(String, String)>)>,
     /// Requests that came as a proxy's (absolute URL).
     pub proxied: usize,
+    /// Blob digests whose next answer sends only half the body, then closes
+    /// (one answer per entry).
+    pub truncate_blobs: Vec<String>,
 }
 
 pub struct FakeRegistry {
@@ -371,6 +374,20 @@ fn handle(mut conn: TcpStream, state: &Mutex<State>, auth: &FakeAuth, addr: &str
                 )],
                 b"",
             );
+        }
+        drop(st);
+        let mut st = state.lock().unwrap();
+        if let Some(i) = st.truncate_blobs.iter().position(|d| *d == digest) {
+            st.truncate_blobs.remove(i);
+            let b = st.blobs[&digest].clone();
+            drop(st);
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                b.len()
+            );
+            let _ = conn.write_all(head.as_bytes());
+            let _ = conn.write_all(&b[..b.len() / 2]);
+            return;
         }
         return match st.blobs.get(&digest) {
             Some(b) => respond(&mut conn, "200 OK", &[], b),

@@ -340,3 +340,41 @@ fn gzip_zstd_and_plain_layers_mix() {
         }
     }
 }
+
+#[test]
+fn a_broken_layer_download_starts_again() {
+    if skip_without_tar2sqfs("a_broken_layer_download_starts_again") {
+        return;
+    }
+    let reg = FakeRegistry::start(FakeAuth::None);
+    let layer = gz_layer(&[("big", &"x".repeat(10_000))]);
+    let layer_digest = Digest::of_bytes(&layer);
+    reg.push_image("ns/flaky", "v1", vec![layer], &[]);
+    reg.state.lock().unwrap().truncate_blobs = vec![layer_digest.to_string(); 2];
+    let root = tempfile::tempdir().unwrap();
+    let source = ImageSource::Registry(reference(&reg, "ns/flaky:v1"));
+    pull_image(root.path(), &source, &options(&reg)).unwrap();
+    assert_eq!(
+        reg.count(&format!("GET /v2/ns/flaky/blobs/{layer_digest}")),
+        3,
+        "two broken answers, then a whole one"
+    );
+    assert!(entries(&root.path().join("tmp")).is_empty());
+
+    // Bounded: a layer that always breaks fails the pull, naming the layer.
+    let reg = FakeRegistry::start(FakeAuth::None);
+    let layer = gz_layer(&[("big", &"y".repeat(10_000))]);
+    let layer_digest = Digest::of_bytes(&layer);
+    reg.push_image("ns/flaky", "v1", vec![layer], &[]);
+    reg.state.lock().unwrap().truncate_blobs = vec![layer_digest.to_string(); 10];
+    let root = tempfile::tempdir().unwrap();
+    let source = ImageSource::Registry(reference(&reg, "ns/flaky:v1"));
+    let e = pull_image(root.path(), &source, &options(&reg)).unwrap_err();
+    assert!(format!("{e:#}").contains(layer_digest.as_str()), "{e:#}");
+    assert_eq!(
+        reg.count(&format!("GET /v2/ns/flaky/blobs/{layer_digest}")),
+        4
+    );
+    assert!(entries(&root.path().join("tmp")).is_empty());
+    assert!(entries(&root.path().join("blobs/sha256")).is_empty());
+}
