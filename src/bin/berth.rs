@@ -1,6 +1,7 @@
 //! `berth`: pull images and run containers from the command line, on the same
 //! core the Slurm plugin uses. Also the helper the plugin runs on compute nodes.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -145,10 +146,26 @@ impl StoreArgs {
     }
 }
 
+/// `println!` that returns the error (with `?`) instead of panicking when
+/// stdout is a closed pipe (`berth images | head`).
+macro_rules! say {
+    ($($arg:tt)*) => {
+        writeln!(std::io::stdout().lock(), $($arg)*).context("cannot write to stdout")?
+    };
+}
+
+/// Whether `e` is stdout closed under us (the reader went away: not a failure).
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.root_cause()
+        .downcast_ref::<std::io::Error>()
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(1)
@@ -245,8 +262,8 @@ fn list_images(store: &Store) -> Result<ExitCode> {
         "REFERENCE".to_string(),
         "DIGEST".to_string(),
         "SIZE".to_string(),
-        "CREATED".to_string(),
-        "LAST USED".to_string(),
+        "CREATED (UTC)".to_string(),
+        "LAST USED (UTC)".to_string(),
     ]];
     for image in &images {
         let mut name = image.name();
@@ -274,7 +291,7 @@ fn list_images(store: &Store) -> Result<ExitCode> {
             .zip(&widths)
             .map(|(cell, w)| format!("{cell:<w$}"))
             .collect();
-        println!("{}", line.join("  ").trim_end());
+        say!("{}", line.join("  ").trim_end());
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -291,7 +308,7 @@ fn inspect_image(store: &Store, query: &str) -> Result<ExitCode> {
         );
     }
     let details = found[0].details()?;
-    println!("{}", serde_json::to_string_pretty(&details)?);
+    say!("{}", serde_json::to_string_pretty(&details)?);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -317,7 +334,7 @@ fn remove_images(store: &Store, queries: &[String]) -> Result<ExitCode> {
                     blobs_kept,
                 }) => {
                     let freed = image_bytes + blobs.iter().map(|(_, b)| b).sum::<u64>();
-                    println!(
+                    say!(
                         "removed {name}: {} layer blobs, {} freed",
                         blobs.len(),
                         format_size(freed)
@@ -355,15 +372,15 @@ fn remove_images(store: &Store, queries: &[String]) -> Result<ExitCode> {
 fn collect_garbage(store: &Store, max_size: Option<u64>) -> Result<ExitCode> {
     let report = store.gc(&GcOptions { max_size })?;
     for (what, bytes) in &report.removed {
-        println!("removed {what} ({})", format_size(*bytes));
+        say!("removed {what} ({})", format_size(*bytes));
     }
     for name in &report.in_use {
-        println!("kept {name}: in use");
+        say!("kept {name}: in use");
     }
     for note in &report.notes {
         eprintln!("berth: {note}");
     }
-    println!(
+    say!(
         "freed {}; the store takes {} (was {})",
         format_size(report.freed()),
         format_size(report.size_after),

@@ -10,7 +10,7 @@ use anyhow::Result;
 use super::fsutil::{sweep_temp, tree_size};
 use super::remove::RemoveOutcome;
 use super::units::format_size;
-use super::Store;
+use super::{ImageEntry, Store};
 use crate::registry::Digest;
 
 /// What `gc` should do beyond removing garbage.
@@ -148,7 +148,7 @@ impl Store {
     fn remove_into(
         &self,
         report: &mut GcReport,
-        image: &super::ImageEntry,
+        image: &ImageEntry,
         outdated: bool,
     ) -> Result<u64> {
         match self.remove_image(image)? {
