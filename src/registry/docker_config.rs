@@ -9,15 +9,19 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
 use std::fmt;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
 use super::auth::base64_decode;
 use super::credentials::{Credential, Credentials};
+
+/// How long a credential helper may take to answer.
+const HELPER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Docker Hub's key in `config.json` and for credential helpers.
 const DOCKER_HUB_SERVER: &str = "https://index.docker.io/v1/";
@@ -193,7 +197,7 @@ impl DockerCredentials {
             .arg("get")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .stderr(Stdio::null());
         if let Some(path) = &self.helper_path {
             command.env("PATH", path);
         }
@@ -211,12 +215,33 @@ impl DockerCredentials {
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(server.as_bytes());
         }
-        let out = child.wait_with_output().ok()?;
-        if !out.status.success() {
+        let started = Instant::now();
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if started.elapsed() < HELPER_TIMEOUT => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    eprintln!(
+                        "berth: warning: credential helper {program} did not answer within {} s \
+                         (waiting for a keychain prompt?); pulling without its credentials",
+                        HELPER_TIMEOUT.as_secs()
+                    );
+                    return None;
+                }
+            }
+        };
+        if !status.success() {
             // "credentials not found" is the usual answer for other registries.
             return None;
         }
-        let answer: HelperAnswer = match serde_json::from_slice(&out.stdout) {
+        // Answers are a few hundred bytes: they fit the pipe, so reading after exit is safe.
+        let mut stdout = Vec::new();
+        child.stdout.take()?.read_to_end(&mut stdout).ok()?;
+        let answer: HelperAnswer = match serde_json::from_slice(&stdout) {
             Ok(a) => a,
             Err(e) => {
                 eprintln!(
