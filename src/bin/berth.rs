@@ -1,6 +1,7 @@
 //! `berth`: pull images and run containers from the command line, on the same
 //! core the Slurm plugin uses. Also the helper the plugin runs on compute nodes.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -12,7 +13,8 @@ use berth::container::spec::{parse_mounts, ContainerSpec, UserIdentity};
 use berth::container::{holder_main, spawn_holder, Mode};
 use berth::reference::ImageSource;
 use berth::registry::RegistryOptions;
-use berth::store::{pull_image, PullOptions};
+use berth::store::units::{format_size, format_utc, parse_size};
+use berth::store::{pull_image, GcOptions, PullOptions, RemoveOutcome, Store};
 
 #[derive(Parser)]
 #[command(
@@ -53,6 +55,37 @@ enum Commands {
         #[arg(last = true)]
         command: Vec<String>,
     },
+    /// List the images in the store.
+    Images {
+        #[command(flatten)]
+        store: StoreDir,
+    },
+    /// Print a stored image's digest, size, platform, config and layers as JSON.
+    Inspect {
+        /// A reference as pulled (`[REGISTRY#]IMAGE[:TAG]`) or a manifest digest
+        /// (at least 6 leading hex digits).
+        image: String,
+        #[command(flatten)]
+        store: StoreDir,
+    },
+    /// Remove images from the store (and blobs no other image uses); an image a
+    /// running container uses is refused.
+    Rmi {
+        /// References as pulled, or manifest digests (at least 6 leading hex digits).
+        #[arg(required = true)]
+        images: Vec<String>,
+        #[command(flatten)]
+        store: StoreDir,
+    },
+    /// Remove temp files, unused blobs and outdated images; with --max-size, also
+    /// least recently used images until the store fits (never one in use).
+    Gc {
+        /// Size budget for the store, e.g. 50G or 800M (powers of 1024).
+        #[arg(long, value_parser = parse_size_arg)]
+        max_size: Option<u64>,
+        #[command(flatten)]
+        store: StoreDir,
+    },
     /// Internal: the container setup helper (spoken to over fd 3).
     #[command(name = "__holder", hide = true)]
     Holder,
@@ -67,6 +100,31 @@ struct StoreArgs {
     /// A registry (`host[:port]`) to reach over plain HTTP; repeatable.
     #[arg(long = "insecure-registry")]
     insecure_registries: Vec<String>,
+}
+
+#[derive(clap::Args)]
+struct StoreDir {
+    /// Image store folder (default: from the config file, else /var/lib/berth for
+    /// root and ~/.cache/berth for others).
+    #[arg(long)]
+    store: Option<PathBuf>,
+}
+
+impl StoreDir {
+    fn root(&self) -> Result<PathBuf> {
+        Ok(match &self.store {
+            Some(root) => root.clone(),
+            None => Config::for_cli()?.store_path,
+        })
+    }
+
+    fn open(&self) -> Result<Store> {
+        Store::open(self.root()?)
+    }
+}
+
+fn parse_size_arg(text: &str) -> Result<u64, String> {
+    parse_size(text).map_err(|e| e.to_string())
 }
 
 impl StoreArgs {
@@ -88,10 +146,26 @@ impl StoreArgs {
     }
 }
 
+/// `println!` that returns the error (with `?`) instead of panicking when
+/// stdout is a closed pipe (`berth images | head`).
+macro_rules! say {
+    ($($arg:tt)*) => {
+        writeln!(std::io::stdout().lock(), $($arg)*).context("cannot write to stdout")?
+    };
+}
+
+/// Whether `e` is stdout closed under us (the reader went away: not a failure).
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.root_cause()
+        .downcast_ref::<std::io::Error>()
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(1)
@@ -116,6 +190,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 println!("{digest} {}", stored.squashfs.display());
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Commands::Images { store } => list_images(&store.open()?),
+        Commands::Inspect { image, store } => inspect_image(&store.open()?, &image),
+        Commands::Rmi { images, store } => remove_images(&store.open()?, &images),
+        Commands::Gc { max_size, store } => {
+            // Unswept: gc removes and reports the temp files itself.
+            collect_garbage(&Store::open_unswept(store.root()?)?, max_size)
         }
         Commands::Run {
             mounts,
@@ -172,4 +253,138 @@ fn exit_code(status: std::process::ExitStatus) -> u8 {
         (None, Some(signal)) => 128u8.wrapping_add(signal as u8),
         _ => 1,
     }
+}
+
+/// `berth images`: one line per stored image, most recently used first.
+fn list_images(store: &Store) -> Result<ExitCode> {
+    let images = store.images()?;
+    let mut rows = vec![[
+        "REFERENCE".to_string(),
+        "DIGEST".to_string(),
+        "SIZE".to_string(),
+        "CREATED (UTC)".to_string(),
+        "LAST USED (UTC)".to_string(),
+    ]];
+    for image in &images {
+        let mut name = image.name();
+        if !image.is_current() {
+            name.push_str(" (outdated: pulled again on next use)");
+        }
+        let last_used = image
+            .last_used
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        rows.push([
+            name,
+            image.digest.hex()[..12].to_string(),
+            format_size(image.size),
+            format_utc(image.meta.created),
+            format_utc(last_used),
+        ]);
+    }
+    let widths: Vec<usize> = (0..5)
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
+    for row in &rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        say!("{}", line.join("  ").trim_end());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `berth inspect`: the image's details as pretty JSON.
+fn inspect_image(store: &Store, query: &str) -> Result<ExitCode> {
+    let found = store.find_images(query)?;
+    if found.len() > 1 {
+        let digests: Vec<String> = found.iter().map(|i| i.digest.to_string()).collect();
+        bail!(
+            "'{query}' names {} stored images ({}): give a digest",
+            found.len(),
+            digests.join(", ")
+        );
+    }
+    let details = found[0].details()?;
+    say!("{}", serde_json::to_string_pretty(&details)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `berth rmi`: removes each named image; reports every failure and exits 1
+/// if there was one.
+fn remove_images(store: &Store, queries: &[String]) -> Result<ExitCode> {
+    let mut failed = false;
+    for query in queries {
+        let found = match store.find_images(query) {
+            Ok(found) => found,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                failed = true;
+                continue;
+            }
+        };
+        for image in found {
+            let name = format!("{} ({})", image.name(), image.digest);
+            match store.remove_image(&image) {
+                Ok(RemoveOutcome::Removed {
+                    image_bytes,
+                    blobs,
+                    blobs_kept,
+                }) => {
+                    let freed = image_bytes + blobs.iter().map(|(_, b)| b).sum::<u64>();
+                    say!(
+                        "removed {name}: {} layer blobs, {} freed",
+                        blobs.len(),
+                        format_size(freed)
+                    );
+                    if let Some(note) = blobs_kept {
+                        eprintln!("berth: {note}");
+                    }
+                }
+                Ok(RemoveOutcome::InUse) => {
+                    eprintln!(
+                        "error: image {name} is in use by a running container; it stays \
+                         until the container ends"
+                    );
+                    failed = true;
+                }
+                Ok(RemoveOutcome::Pulling) => {
+                    eprintln!("error: image {name} is being pulled; try again when it is done");
+                    failed = true;
+                }
+                Err(e) => {
+                    eprintln!("error: cannot remove {name}: {e:#}");
+                    failed = true;
+                }
+            }
+        }
+    }
+    Ok(if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// `berth gc`: prints each removal, what was kept in use, and the total freed.
+fn collect_garbage(store: &Store, max_size: Option<u64>) -> Result<ExitCode> {
+    let report = store.gc(&GcOptions { max_size })?;
+    for (what, bytes) in &report.removed {
+        say!("removed {what} ({})", format_size(*bytes));
+    }
+    for name in &report.in_use {
+        say!("kept {name}: in use");
+    }
+    for note in &report.notes {
+        eprintln!("berth: {note}");
+    }
+    say!(
+        "freed {}; the store takes {} (was {})",
+        format_size(report.freed()),
+        format_size(report.size_after),
+        format_size(report.size_before)
+    );
+    Ok(ExitCode::SUCCESS)
 }

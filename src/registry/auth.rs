@@ -123,6 +123,34 @@ pub fn base64(data: &[u8]) -> String {
     out
 }
 
+/// Decodes standard base64 (RFC 4648, padding optional, no line breaks);
+/// `None` for anything else.
+pub fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let text = text.trim_end_matches('=');
+    let value = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    for chunk in text.as_bytes().chunks(4) {
+        if chunk.len() == 1 {
+            return None;
+        }
+        let mut n = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            n |= value(c)? << (18 - 6 * i);
+        }
+        out.extend_from_slice(&n.to_be_bytes()[1..chunk.len()]);
+    }
+    Some(out)
+}
+
 /// A token service's answer.
 #[derive(Debug, serde::Deserialize)]
 pub struct TokenResponse {
@@ -247,6 +275,23 @@ mod tests {
         ] {
             assert_eq!(base64(input.as_bytes()), want);
         }
+        for input in [
+            "",
+            "f",
+            "fo",
+            "foo",
+            "foob",
+            "fooba",
+            "foobar",
+            "user:pa:ss",
+        ] {
+            let encoded = base64(input.as_bytes());
+            assert_eq!(base64_decode(&encoded).unwrap(), input.as_bytes());
+            let unpadded = encoded.trim_end_matches('=');
+            assert_eq!(base64_decode(unpadded).unwrap(), input.as_bytes());
+        }
+        assert_eq!(base64_decode("Zm9v!"), None);
+        assert_eq!(base64_decode("Z"), None);
         assert_eq!(
             basic_header("Aladdin", "open sesame"),
             "Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ=="

@@ -3,7 +3,7 @@
 
 use std::io::{Read, Write};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use url::Url;
@@ -11,9 +11,12 @@ use url::Url;
 use super::auth::{basic_header, token_lifetime, AuthCache, Challenge, TokenResponse};
 use super::credentials::{Credentials, EnrootCredentials};
 use super::digest::{Digest, HashingWriter};
+use super::docker_config::{ChainedCredentials, DockerCredentials};
 use super::error::RegistryError;
 use super::manifest::{ImageManifest, Manifest, MANIFEST_ACCEPT};
 use super::platform::Platform;
+use super::proxy::ProxySettings;
+use super::retry::{retryable_status, retryable_transport, RetryPolicy};
 use crate::reference::ImageRef;
 
 /// Largest manifest or index berth reads (real ones are a few KiB).
@@ -54,8 +57,18 @@ pub struct RegistryOptions {
     /// Network timeouts.
     pub timeouts: Timeouts,
     /// Where logins come from (default: enroot's credentials file of the
-    /// current environment).
+    /// current environment, then docker's `config.json`).
     pub credentials: Arc<dyn Credentials>,
+    /// Retries of transient failures (connection errors, 429, 5xx).
+    pub retry: RetryPolicy,
+    /// Pull-through mirrors: `(registry, mirror)`, both `host[:port]` (e.g.
+    /// `("docker.io", "mirror.site:5000")`). Manifests and blobs of images in
+    /// `registry` are asked from `mirror` first (same repository path), then
+    /// from the registry itself when the mirror fails. Digests are checked
+    /// either way; a mirror in `insecure_registries` is reached over HTTP.
+    pub mirrors: Vec<(String, String)>,
+    /// Proxies (default: from `HTTP_PROXY`, `HTTPS_PROXY`, `NO_PROXY`, ...).
+    pub proxy: ProxySettings,
 }
 
 impl Default for RegistryOptions {
@@ -64,7 +77,13 @@ impl Default for RegistryOptions {
             insecure_registries: Vec::new(),
             user_agent: format!("berth/{}", env!("CARGO_PKG_VERSION")),
             timeouts: Timeouts::default(),
-            credentials: Arc::new(EnrootCredentials::from_env()),
+            credentials: Arc::new(ChainedCredentials(vec![
+                Arc::new(EnrootCredentials::from_env()),
+                Arc::new(DockerCredentials::from_env()),
+            ])),
+            retry: RetryPolicy::default(),
+            mirrors: Vec::new(),
+            proxy: ProxySettings::from_env(),
         }
     }
 }
@@ -103,28 +122,47 @@ pub struct ResolvedImage {
 /// between threads (`&RegistryClient` is `Send`); tokens are cached per repository.
 #[derive(Debug)]
 pub struct RegistryClient {
+    /// For requests that go directly.
     agent: ureq::Agent,
+    /// One agent per proxy URL in use.
+    proxied: Vec<(String, ureq::Agent)>,
+    proxy: ProxySettings,
     insecure: Vec<String>,
     credentials: Arc<dyn Credentials>,
     auth: AuthCache,
+    retry: RetryPolicy,
+    mirrors: Vec<(String, String)>,
 }
 
 impl RegistryClient {
     /// A client with `options`.
     pub fn new(options: &RegistryOptions) -> RegistryClient {
-        let agent = ureq::AgentBuilder::new()
-            .timeout_connect(options.timeouts.connect)
-            .timeout_read(options.timeouts.read)
-            .timeout_write(options.timeouts.read)
-            .user_agent(&options.user_agent)
-            // Redirects are followed by hand so that credentials never go to another host.
-            .redirects(0)
-            .build();
+        let mut proxied: Vec<(String, ureq::Agent)> = Vec::new();
+        for (variable, url) in [
+            ("HTTP_PROXY", &options.proxy.http),
+            ("HTTPS_PROXY", &options.proxy.https),
+        ] {
+            let Some(url) = url else { continue };
+            if proxied.iter().any(|(u, _)| u == url) {
+                continue;
+            }
+            match ureq::Proxy::new(url) {
+                Ok(proxy) => proxied.push((url.clone(), build_agent(options, Some(proxy)))),
+                Err(e) => eprintln!(
+                    "berth: warning: ignoring {variable} '{}': {e}; give http://HOST:PORT",
+                    strip_userinfo(url)
+                ),
+            }
+        }
         RegistryClient {
-            agent,
+            agent: build_agent(options, None),
+            proxied,
+            proxy: options.proxy.clone(),
             insecure: options.insecure_registries.clone(),
             credentials: Arc::clone(&options.credentials),
             auth: AuthCache::default(),
+            retry: options.retry,
+            mirrors: options.mirrors.clone(),
         }
     }
 
@@ -201,9 +239,50 @@ impl RegistryClient {
         })
     }
 
+    /// The agent for `url`: through its proxy, or direct.
+    fn agent_for(&self, url: &str) -> &ureq::Agent {
+        let proxy = Url::parse(url).ok().and_then(|u| {
+            let host = u.host_str()?.trim_start_matches('[').trim_end_matches(']');
+            let port = u.port_or_known_default()?;
+            self.proxy
+                .proxy_for(u.scheme(), host, port)
+                .map(str::to_string)
+        });
+        proxy
+            .and_then(|p| self.proxied.iter().find(|(u, _)| *u == p))
+            .map_or(&self.agent, |(_, agent)| agent)
+    }
+
+    /// The same image on the configured mirror of its registry, if any.
+    fn mirror_of(&self, image: &ImageRef) -> Option<ImageRef> {
+        let (_, mirror) = self.mirrors.iter().find(|(r, _)| *r == image.registry)?;
+        Some(ImageRef {
+            registry: mirror.clone(),
+            ..image.clone()
+        })
+    }
+
     /// Resolves `image` (tag or digest) to the image manifest for `platform`,
-    /// following indexes, nested ones too.
+    /// following indexes, nested ones too. Asks the registry's mirror first
+    /// when one is configured; the result names `image`'s own registry.
     pub fn resolve(&self, image: &ImageRef, platform: &Platform) -> Result<ResolvedImage> {
+        if let Some(mirror) = self.mirror_of(image) {
+            match self.resolve_at(&mirror, platform) {
+                Ok(mut resolved) => {
+                    resolved.image = image.with_digest(resolved.manifest_digest.as_str());
+                    return Ok(resolved);
+                }
+                Err(e) => eprintln!(
+                    "berth: mirror {} failed for {image} ({e:#}); asking {}",
+                    mirror.registry, image.registry
+                ),
+            }
+        }
+        self.resolve_at(image, platform)
+    }
+
+    /// [`RegistryClient::resolve`] at exactly `image`'s registry.
+    fn resolve_at(&self, image: &ImageRef, platform: &Platform) -> Result<ResolvedImage> {
         let top = self.fetch_manifest(image, image.manifest_reference())?;
         let mut index_digest = None;
         let mut chosen_platform = None;
@@ -245,7 +324,31 @@ impl RegistryClient {
     /// checks digest and (when given) size at the end. Returns the byte count.
     ///
     /// `out` holds unverified bytes until this returns `Ok`: write to a temp file.
+    /// With a mirror configured, the mirror is asked first; the registry is
+    /// asked when the mirror fails before sending any byte.
     pub fn fetch_blob(
+        &self,
+        image: &ImageRef,
+        digest: &Digest,
+        size: Option<u64>,
+        out: &mut dyn Write,
+    ) -> Result<u64> {
+        if let Some(mirror) = self.mirror_of(image) {
+            let mut counted = CountingWriter { inner: out, n: 0 };
+            match self.fetch_blob_at(&mirror, digest, size, &mut counted) {
+                Ok(n) => return Ok(n),
+                Err(e) if counted.n == 0 => eprintln!(
+                    "berth: mirror {} failed for blob {digest} of {image} ({e:#}); asking {}",
+                    mirror.registry, image.registry
+                ),
+                Err(e) => return Err(e),
+            }
+        }
+        self.fetch_blob_at(image, digest, size, out)
+    }
+
+    /// [`RegistryClient::fetch_blob`] from exactly `image`'s registry.
+    fn fetch_blob_at(
         &self,
         image: &ImageRef,
         digest: &Digest,
@@ -351,14 +454,17 @@ impl RegistryClient {
         let mut redirects = 0;
         loop {
             let same_origin = origin(&url) == registry_origin;
-            let mut req = self.agent.get(&url);
-            if let Some(accept) = accept {
-                req = req.set("Accept", accept);
-            }
-            if let (Some(auth), true) = (&auth, same_origin) {
-                req = req.set("Authorization", auth);
-            }
-            match req.call() {
+            let request = || {
+                let mut req = self.agent_for(&url).get(&url);
+                if let Some(accept) = accept {
+                    req = req.set("Accept", accept);
+                }
+                if let (Some(auth), true) = (&auth, same_origin) {
+                    req = req.set("Authorization", auth);
+                }
+                req
+            };
+            match self.call(request) {
                 Ok(resp) if (300..400).contains(&resp.status()) => {
                     redirects += 1;
                     let location = resp.header("location").unwrap_or_default().to_string();
@@ -453,11 +559,14 @@ impl RegistryClient {
                 let realm_host = host_port(&token_url);
                 let cred =
                     self.lookup_credential(&[&realm_host, image.api_host(), &image.registry], user);
-                let mut req = self.agent.get(token_url.as_str());
-                if let Some(cred) = &cred {
-                    req = req.set("Authorization", &basic_header(&cred.login, &cred.password));
-                }
-                let resp = match req.call() {
+                let request = || {
+                    let req = self.agent_for(token_url.as_str()).get(token_url.as_str());
+                    match &cred {
+                        Some(c) => req.set("Authorization", &basic_header(&c.login, &c.password)),
+                        None => req,
+                    }
+                };
+                let resp = match self.call(request) {
                     Ok(resp) if resp.status() == 200 => resp,
                     Ok(resp) => {
                         return Err(RegistryError::Auth {
@@ -509,12 +618,97 @@ impl RegistryClient {
         }
     }
 
+    /// Sends the request `build` makes, again after a wait while it fails
+    /// transiently and the retry policy allows (see [`RetryPolicy`]).
+    // Same result type as ureq's own `Request::call`, which this wraps.
+    #[allow(clippy::result_large_err)]
+    fn call(&self, build: impl Fn() -> ureq::Request) -> Result<ureq::Response, ureq::Error> {
+        let started = Instant::now();
+        let mut attempt = 1;
+        loop {
+            let request = build();
+            let url = strip_query(request.url());
+            let result = request.call();
+            let (what, retry_after) = match &result {
+                Err(ureq::Error::Status(status, resp)) if retryable_status(*status) => (
+                    format!("answered HTTP {status}"),
+                    resp.header("retry-after").map(str::to_string),
+                ),
+                Err(ureq::Error::Transport(t)) if retryable_transport(t.kind()) => {
+                    (format!("failed ({})", t.kind()), None)
+                }
+                _ => return result,
+            };
+            let Some(wait) = self
+                .retry
+                .delay(attempt, retry_after.as_deref(), started.elapsed())
+            else {
+                return result;
+            };
+            eprintln!(
+                "berth: {url} {what}; retrying in {:.1} s (attempt {} of {})",
+                wait.as_secs_f64(),
+                attempt + 1,
+                self.retry.attempts
+            );
+            std::thread::sleep(wait);
+            attempt += 1;
+        }
+    }
+
     fn lookup_credential(
         &self,
         hosts: &[&str],
         user: Option<&str>,
     ) -> Option<super::credentials::Credential> {
         hosts.iter().find_map(|h| self.credentials.lookup(h, user))
+    }
+}
+
+/// An HTTP agent with `options`' timeouts and user agent, through `proxy`.
+fn build_agent(options: &RegistryOptions, proxy: Option<ureq::Proxy>) -> ureq::Agent {
+    let builder = ureq::AgentBuilder::new()
+        .timeout_connect(options.timeouts.connect)
+        .timeout_read(options.timeouts.read)
+        .timeout_write(options.timeouts.read)
+        .user_agent(&options.user_agent)
+        // Proxies are chosen per request (NO_PROXY), see `agent_for`.
+        .try_proxy_from_env(false)
+        // Redirects are followed by hand so that credentials never go to another host.
+        .redirects(0);
+    match proxy {
+        Some(proxy) => builder.proxy(proxy),
+        None => builder,
+    }
+    .build()
+}
+
+/// A proxy URL without `user:password@`, for messages.
+fn strip_userinfo(url: &str) -> String {
+    match url.split_once('@') {
+        Some((before, after)) => match before.split_once("://") {
+            Some((scheme, _)) => format!("{scheme}://{after}"),
+            None => after.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
+/// A writer that counts what passes through it.
+struct CountingWriter<'a> {
+    inner: &'a mut dyn Write,
+    n: u64,
+}
+
+impl Write for CountingWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.n += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
     }
 }
 

@@ -36,6 +36,14 @@ pub struct State {
     pub log: Vec<String>,
     pub wrong_content_digest: bool,
     pub redirect_blobs: bool,
+    /// Answers given, in order, to the next requests instead of the real ones:
+    /// status line and headers (e.g. `"503 Service Unavailable"`).
+    pub failures: std::collections::VecDeque<(String, Vec<(String, String)>)>,
+    /// Requests that came as a proxy's (absolute URL).
+    pub proxied: usize,
+    /// Blob digests whose next answer sends only half the body, then closes
+    /// (one answer per entry).
+    pub truncate_blobs: Vec<String>,
 }
 
 pub struct FakeRegistry {
@@ -163,6 +171,20 @@ impl FakeRegistry {
         )
     }
 
+    /// Makes the next requests fail with `status` (e.g. `"503 Service
+    /// Unavailable"`) and `headers`, once each.
+    pub fn fail_next(&self, status: &str, headers: &[(&str, &str)]) {
+        let headers = headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self.state
+            .lock()
+            .unwrap()
+            .failures
+            .push_back((status.to_string(), headers));
+    }
+
     /// Requests whose line starts with `prefix` (e.g. "GET /v2/x/blobs/").
     pub fn count(&self, prefix: &str) -> usize {
         self.state
@@ -219,11 +241,28 @@ fn handle(mut conn: TcpStream, state: &Mutex<State>, auth: &FakeAuth, addr: &str
             }
         }
     }
+    // A proxy request names the whole URL: serve it as if asked directly.
+    let proxied = target.starts_with("http://");
+    let target = match target.strip_prefix("http://") {
+        Some(rest) => rest.find('/').map_or("/", |i| &rest[i..]).to_string(),
+        None => target,
+    };
+    if proxied {
+        state.lock().unwrap().proxied += 1;
+    }
     let path = target.split('?').next().unwrap_or("").to_string();
     state.lock().unwrap().log.push(format!(
         "{method} {path} {}",
         if authz.is_some() { "auth" } else { "noauth" }
     ));
+    let failure = state.lock().unwrap().failures.pop_front();
+    if let Some((status, headers)) = failure {
+        let headers: Vec<(&str, String)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        return respond(&mut conn, &status, &headers, b"");
+    }
     let error = |code: &str| {
         serde_json::json!({"errors": [{"code": code, "message": code.to_lowercase()}]}).to_string()
     };
@@ -335,6 +374,20 @@ fn handle(mut conn: TcpStream, state: &Mutex<State>, auth: &FakeAuth, addr: &str
                 )],
                 b"",
             );
+        }
+        drop(st);
+        let mut st = state.lock().unwrap();
+        if let Some(i) = st.truncate_blobs.iter().position(|d| *d == digest) {
+            st.truncate_blobs.remove(i);
+            let b = st.blobs[&digest].clone();
+            drop(st);
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                b.len()
+            );
+            let _ = conn.write_all(head.as_bytes());
+            let _ = conn.write_all(&b[..b.len() / 2]);
+            return;
         }
         return match st.blobs.get(&digest) {
             Some(b) => respond(&mut conn, "200 OK", &[], b),

@@ -9,18 +9,24 @@ pub mod auth;
 pub mod client;
 pub mod credentials;
 pub mod digest;
+pub mod docker_config;
 pub mod error;
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod manifest;
 pub mod platform;
+pub mod proxy;
+pub mod retry;
 
 pub use client::{FetchedManifest, RegistryClient, RegistryOptions, ResolvedImage, Timeouts};
 pub use credentials::{Credential, Credentials, EnrootCredentials, NoCredentials};
 pub use digest::Digest;
+pub use docker_config::{ChainedCredentials, DockerCredentials};
 pub use error::RegistryError;
 pub use manifest::{Descriptor, ImageIndex, ImageManifest, Manifest};
 pub use platform::Platform;
+pub use proxy::ProxySettings;
+pub use retry::RetryPolicy;
 
 #[cfg(test)]
 mod tests;

@@ -14,7 +14,17 @@ fn options(reg: &FakeRegistry) -> RegistryOptions {
             format!("localhost:{}", reg.addr.rsplit(':').next().unwrap()),
         ],
         credentials: Arc::new(NoCredentials),
+        retry: fast_retries(),
+        proxy: ProxySettings::default(),
         ..RegistryOptions::default()
+    }
+}
+
+/// The default number of attempts, with short waits.
+fn fast_retries() -> RetryPolicy {
+    RetryPolicy {
+        initial_delay: std::time::Duration::from_millis(10),
+        ..RetryPolicy::default()
     }
 }
 
@@ -233,4 +243,144 @@ fn credentials_for_token_and_basic_auth() {
     client
         .resolve(&image(&reg, "ns/b:v1"), &Platform::current())
         .unwrap();
+}
+
+#[test]
+fn transient_failures_are_retried() {
+    let reg = FakeRegistry::start(FakeAuth::None);
+    let digest = reg.push_image("ns/app", "v1", vec![b"layer".to_vec()], &[]);
+    let client = RegistryClient::new(&options(&reg));
+    reg.fail_next("503 Service Unavailable", &[]);
+    let r = client
+        .resolve(&image(&reg, "ns/app:v1"), &Platform::current())
+        .unwrap();
+    assert_eq!(r.manifest_digest, digest);
+    assert_eq!(reg.count("GET /v2/ns/app/manifests/v1"), 2);
+
+    // 429 with Retry-After: 1 waits that second, then succeeds.
+    reg.fail_next("429 Too Many Requests", &[("Retry-After", "1")]);
+    let layer = Digest::parse(&r.manifest.layers[0].digest).unwrap();
+    let started = std::time::Instant::now();
+    let mut out = Vec::new();
+    client
+        .fetch_blob(&r.image, &layer, Some(5), &mut out)
+        .unwrap();
+    assert_eq!(out, b"layer");
+    let waited = started.elapsed();
+    assert!(
+        waited >= std::time::Duration::from_secs(1) && waited < std::time::Duration::from_secs(5),
+        "{waited:?}"
+    );
+    assert_eq!(reg.count(&format!("GET /v2/ns/app/blobs/{layer}")), 2);
+
+    // Bounded: after `attempts` failures the last error is reported.
+    for _ in 0..4 {
+        reg.fail_next("502 Bad Gateway", &[]);
+    }
+    let e = err_of(client.fetch_manifest(&image(&reg, "ns/app:v1"), "v1"));
+    assert!(matches!(e, RegistryError::Http { status: 502, .. }), "{e}");
+    assert_eq!(reg.count("GET /v2/ns/app/manifests/v1"), 6);
+
+    // A Retry-After beyond the time bound is not waited for.
+    reg.state.lock().unwrap().failures.clear();
+    reg.fail_next("429 Too Many Requests", &[("Retry-After", "3600")]);
+    let e = err_of(client.fetch_manifest(&image(&reg, "ns/app:v1"), "v1"));
+    assert!(matches!(e, RegistryError::Http { status: 429, .. }), "{e}");
+
+    // Not found is final: asked once.
+    let before = reg.count("GET /v2/ns/none/");
+    let e = err_of(client.resolve(&image(&reg, "ns/none:v1"), &Platform::current()));
+    assert!(matches!(e, RegistryError::ManifestUnknown { .. }), "{e}");
+    assert_eq!(reg.count("GET /v2/ns/none/"), before + 1);
+}
+
+#[test]
+fn mirrors_are_tried_first() {
+    let origin = FakeRegistry::start(FakeAuth::None);
+    let mirror = FakeRegistry::start(FakeAuth::None);
+    let layers = || vec![b"base".to_vec(), b"top".to_vec()];
+    let digest = origin.push_image("ns/app", "v1", layers(), &[]);
+    assert_eq!(mirror.push_image("ns/app", "v1", layers(), &[]), digest);
+    let client = RegistryClient::new(&RegistryOptions {
+        insecure_registries: vec![origin.addr.clone(), mirror.addr.clone()],
+        mirrors: vec![(origin.addr.clone(), mirror.addr.clone())],
+        ..options(&origin)
+    });
+    let wanted = image(&origin, "ns/app:v1");
+    let fetch_all = |r: &ResolvedImage| {
+        for layer in &r.manifest.layers {
+            let d = Digest::parse(&layer.digest).unwrap();
+            client
+                .fetch_blob(&wanted, &d, Some(layer.size), &mut Vec::new())
+                .unwrap();
+        }
+    };
+
+    // The mirror has everything: the origin is not asked.
+    let r = client.resolve(&wanted, &Platform::current()).unwrap();
+    assert_eq!(r.manifest_digest, digest);
+    assert_eq!(r.image.registry, origin.addr, "the result names the origin");
+    fetch_all(&r);
+    assert_eq!(mirror.count("GET /v2/ns/app/blobs/"), 2);
+    assert!(origin.state.lock().unwrap().log.is_empty());
+
+    // The mirror lacks a layer: that blob comes from the origin.
+    let top = Digest::of_bytes(b"top");
+    mirror.fail_next("404 Not Found", &[]);
+    client
+        .fetch_blob(&wanted, &top, Some(3), &mut Vec::new())
+        .unwrap();
+    assert_eq!(origin.count(&format!("GET /v2/ns/app/blobs/{top}")), 1);
+
+    // The mirror is down (or lacks the image): everything comes from the origin.
+    let other = origin.push_image(
+        "ns/other",
+        "v1",
+        vec![b"other1".to_vec(), b"other2".to_vec()],
+        &[],
+    );
+    let wanted = image(&origin, "ns/other:v1");
+    let r = client.resolve(&wanted, &Platform::current()).unwrap();
+    assert_eq!(r.manifest_digest, other);
+    assert_eq!(mirror.count("GET /v2/ns/other/manifests/v1"), 1);
+    assert_eq!(origin.count("GET /v2/ns/other/manifests/v1"), 1);
+    for layer in &r.manifest.layers {
+        let d = Digest::parse(&layer.digest).unwrap();
+        client
+            .fetch_blob(&wanted, &d, Some(layer.size), &mut Vec::new())
+            .unwrap();
+    }
+    assert_eq!(origin.count("GET /v2/ns/other/blobs/"), 2);
+}
+
+#[test]
+fn proxies_and_no_proxy() {
+    // The fake registry also serves proxy requests, so it can play the proxy
+    // for a registry host that does not exist.
+    let proxy = FakeRegistry::start(FakeAuth::None);
+    let digest = proxy.push_image("ns/app", "v1", vec![b"layer".to_vec()], &[]);
+    let far = ImageRef::parse("registry.invalid:5000/ns/app:v1").unwrap();
+    let settings = |no_proxy: &str| ProxySettings {
+        http: Some(format!("http://{}", proxy.addr)),
+        https: None,
+        no_proxy: vec![no_proxy.to_string()],
+    };
+    let client = |no_proxy: &str| {
+        RegistryClient::new(&RegistryOptions {
+            insecure_registries: vec!["registry.invalid:5000".to_string()],
+            proxy: settings(no_proxy),
+            retry: RetryPolicy::never(),
+            ..options(&proxy)
+        })
+    };
+    let r = client("other.invalid")
+        .resolve(&far, &Platform::current())
+        .unwrap();
+    assert_eq!(r.manifest_digest, digest);
+    assert_eq!(proxy.state.lock().unwrap().proxied, 1);
+
+    // NO_PROXY: the host is asked directly, and does not resolve.
+    let e = err_of(client(".invalid").resolve(&far, &Platform::current()));
+    assert!(matches!(e, RegistryError::Unreachable { .. }), "{e}");
+    assert_eq!(proxy.state.lock().unwrap().proxied, 1);
 }

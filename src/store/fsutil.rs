@@ -20,7 +20,13 @@ pub struct FileLock {
 }
 
 fn flock(file: &File, nonblocking: bool) -> io::Result<bool> {
-    let op = libc::LOCK_EX | if nonblocking { libc::LOCK_NB } else { 0 };
+    flock_op(file, libc::LOCK_EX, nonblocking)
+}
+
+/// `flock(file, op)`, retried on `EINTR`; `Ok(false)` when `nonblocking` and
+/// another holder has a conflicting lock.
+fn flock_op(file: &File, op: libc::c_int, nonblocking: bool) -> io::Result<bool> {
+    let op = op | if nonblocking { libc::LOCK_NB } else { 0 };
     loop {
         // SAFETY: flock on a file descriptor we own, with constant flags; it
         // does not touch memory.
@@ -37,23 +43,55 @@ fn flock(file: &File, nonblocking: bool) -> io::Result<bool> {
     }
 }
 
+/// Takes a shared `flock` on `file`, waiting for an exclusive holder to go.
+pub fn lock_shared(file: &File) -> io::Result<()> {
+    flock_op(file, libc::LOCK_SH, false).map(|_| ())
+}
+
+/// Tries an exclusive `flock` on `file` without waiting; `Ok(false)` when
+/// someone else holds a lock on it.
+pub fn try_lock_exclusive(file: &File) -> io::Result<bool> {
+    flock_op(file, libc::LOCK_EX, true)
+}
+
 impl FileLock {
     /// Takes the lock on `path` (created if needed), waiting for other holders;
     /// `on_wait` is called once if the lock is busy.
     pub fn exclusive(path: &Path, on_wait: impl FnOnce()) -> Result<FileLock> {
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o644)
-            .open(path)
-            .with_context(|| format!("cannot open lock file {}", path.display()))?;
+        let file = open_lock_file(path)?;
         if !flock(&file, true).with_context(|| format!("cannot lock {}", path.display()))? {
             on_wait();
             flock(&file, false).with_context(|| format!("cannot lock {}", path.display()))?;
         }
         Ok(FileLock { _file: file })
     }
+
+    /// Takes the lock on `path` (created if needed) if nobody else holds it;
+    /// `None` when it is busy.
+    pub fn try_exclusive(path: &Path) -> Result<Option<FileLock>> {
+        let file = open_lock_file(path)?;
+        let got =
+            try_lock_exclusive(&file).with_context(|| format!("cannot lock {}", path.display()))?;
+        Ok(got.then_some(FileLock { _file: file }))
+    }
+
+    /// Takes a shared lock on `path` (created if needed), waiting for an
+    /// exclusive holder to let go.
+    pub fn shared(path: &Path) -> Result<FileLock> {
+        let file = open_lock_file(path)?;
+        lock_shared(&file).with_context(|| format!("cannot lock {}", path.display()))?;
+        Ok(FileLock { _file: file })
+    }
+}
+
+fn open_lock_file(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o644)
+        .open(path)
+        .with_context(|| format!("cannot open lock file {}", path.display()))
 }
 
 /// A file or directory under the store's `tmp/`, locked by this process and
@@ -149,12 +187,12 @@ fn unique(dir: &Path, label: &str) -> PathBuf {
 }
 
 /// Removes entries of `tmp_dir` whose writer is gone (nobody holds their lock).
-/// Returns how many were removed.
-pub fn sweep_temp(tmp_dir: &Path) -> Result<usize> {
-    let mut removed = 0;
+/// Returns the entries removed, with their sizes in bytes.
+pub fn sweep_temp(tmp_dir: &Path) -> Result<Vec<(PathBuf, u64)>> {
+    let mut removed = Vec::new();
     let entries = match fs::read_dir(tmp_dir) {
         Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(removed),
         Err(e) => return Err(e).with_context(|| format!("cannot list {}", tmp_dir.display())),
     };
     for entry in entries.flatten() {
@@ -166,16 +204,31 @@ pub fn sweep_temp(tmp_dir: &Path) -> Result<usize> {
             continue; // a live writer holds it
         }
         let is_dir = file.metadata().map(|m| m.is_dir()).unwrap_or(false);
+        let size = tree_size(&path);
         let result = if is_dir {
             fs::remove_dir_all(&path)
         } else {
             fs::remove_file(&path)
         };
         if result.is_ok() {
-            removed += 1;
+            removed.push((path, size));
         }
     }
     Ok(removed)
+}
+
+/// The bytes in the files under `path` (a file or a directory; symlinks are
+/// not followed). Entries that vanish or cannot be read count as 0.
+pub fn tree_size(path: &Path) -> u64 {
+    let Ok(meta) = fs::symlink_metadata(path) else {
+        return 0;
+    };
+    if !meta.is_dir() {
+        return meta.len();
+    }
+    fs::read_dir(path)
+        .map(|entries| entries.flatten().map(|e| tree_size(&e.path())).sum())
+        .unwrap_or(0)
 }
 
 /// fsyncs a directory, so a rename into it survives a crash.
@@ -216,7 +269,7 @@ mod tests {
         fs::create_dir(&dead_dir).unwrap();
         fs::write(dead_dir.join("image.sqfs"), "partial").unwrap();
 
-        assert_eq!(sweep_temp(tmp.path()).unwrap(), 2);
+        assert_eq!(sweep_temp(tmp.path()).unwrap().len(), 2);
         assert!(live.path().exists() && live_dir.path().join("x").exists());
         assert!(!dead.exists() && !dead_dir.exists());
 

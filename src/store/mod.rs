@@ -13,17 +13,28 @@
 //!     config.json             ImageConfig (env, entrypoint, ...)
 //!     manifest.json           the image manifest, exact registry bytes
 //!     meta.json               reference, platform, sizes, converter version
+//!     last-used               its mtime: the last pull or use (for `gc`)
 //! tmp/                        partial downloads and conversions (locked by their writer)
 //! locks/<manifest-hex>.lock   flock per image while it is pulled
+//! locks/store.lock            shared by downloading pulls, exclusive to remove blobs
 //! ```
+//!
+//! A running container holds a shared `flock` on its `image.sqfs`
+//! ([`Store::hold`]); `rmi` and `gc` never remove an image someone holds.
 //!
 //! An image made by another [`crate::image::CONVERTER_VERSION`] counts as
 //! missing and is converted again. A pull always asks the registry for the
 //! manifest first (cheap), so a user who cannot read an image in the registry
 //! cannot start it from the store either.
 
+mod catalog;
 mod fsutil;
+mod gc;
+mod hold;
+mod inspect;
 mod pull;
+mod remove;
+pub mod units;
 
 use std::fs;
 use std::io::Read;
@@ -37,7 +48,12 @@ use crate::image::{ImageConfig, CONVERTER_VERSION};
 use crate::reference::{ImageRef, ImageSource};
 use crate::registry::{Digest, Platform, RegistryOptions};
 
+pub use catalog::ImageEntry;
 pub use fsutil::FileLock;
+pub use gc::{GcOptions, GcReport, Removed};
+pub use hold::ImageHold;
+pub use inspect::{ConfigDetails, ImageDetails, LayerDetails};
+pub use remove::{BlobSweep, RemoveOutcome};
 
 /// The first bytes of every squashfs file.
 pub const SQUASHFS_MAGIC: &[u8; 4] = b"hsqs";
@@ -151,6 +167,14 @@ impl Store {
     /// left by writers that are gone. The root is mode 0755 when made by root
     /// (a node store), 0700 otherwise (a user's private cache).
     pub fn open(root: impl AsRef<Path>) -> Result<Store> {
+        let store = Store::open_unswept(root)?;
+        fsutil::sweep_temp(&store.tmp_dir())?;
+        Ok(store)
+    }
+
+    /// Like [`Store::open`], but leaves temp files of dead writers for
+    /// [`Store::gc`] to remove and report.
+    pub fn open_unswept(root: impl AsRef<Path>) -> Result<Store> {
         let root = root.as_ref().to_path_buf();
         let root_mode = if is_root() { 0o755 } else { 0o700 };
         let fix = |e: std::io::Error, p: &Path| {
@@ -185,7 +209,6 @@ impl Store {
                     .map_err(|e| fix(e, &dir))?;
             }
         }
-        fsutil::sweep_temp(&store.tmp_dir())?;
         Ok(store)
     }
 
@@ -329,3 +352,5 @@ pub fn pull_image(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_manage;

@@ -5,15 +5,18 @@ use std::fs;
 use std::io::BufWriter;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 
+use super::catalog::{touch_last_used, LAST_USED};
 use super::fsutil::{sync_dir, write_synced, FileLock, TempEntry};
 use super::{ImageMeta, Store, StoredImage};
 use crate::image::{self, ImageConfig, Layer, SquashfsOptions, CONVERTER_VERSION};
 use crate::reference::ImageRef;
-use crate::registry::{Descriptor, Digest, Platform, RegistryClient, RegistryError, ResolvedImage};
+use crate::registry::{
+    Descriptor, Digest, Platform, RegistryClient, RegistryError, ResolvedImage, RetryPolicy,
+};
 
 use super::PullOptions;
 
@@ -57,6 +60,7 @@ pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Re
     let digest = resolved.manifest_digest.clone();
     if let Some(found) = store.load(&digest)? {
         progress.say(format!("{image} ({digest}) is already in the store"));
+        touch_last_used(&store.image_dir(&digest));
         return Ok(with_reference(found, &resolved));
     }
 
@@ -66,8 +70,11 @@ pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Re
     })?;
     if let Some(found) = store.load(&digest)? {
         progress.say(format!("{image} ({digest}) was pulled meanwhile"));
+        touch_last_used(&store.image_dir(&digest));
         return Ok(with_reference(found, &resolved));
     }
+    // Blobs found in the store below must stay until the conversion is done.
+    let _downloading = FileLock::shared(&store.store_lock_path())?;
 
     check_media_types(image, &resolved)?;
     let config_desc = &resolved.manifest.config;
@@ -83,7 +90,14 @@ pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Re
     let total: u64 = layers.iter().map(|l| l.size).sum();
     progress.say(format!("fetching {} layers ({})", layers.len(), mb(total)));
     let started = Instant::now();
-    let blob_paths = download_layers(store, &client, image, layers, &progress)?;
+    let blob_paths = download_layers(
+        store,
+        &client,
+        image,
+        layers,
+        options.registry.retry,
+        &progress,
+    )?;
     progress.say(format!("layers fetched in {:.1?}", started.elapsed()));
 
     progress.say("converting to squashfs");
@@ -134,6 +148,7 @@ pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Re
         &staging.path().join("meta.json"),
         &serde_json::to_vec_pretty(&meta)?,
     )?;
+    write_synced(&staging.path().join(LAST_USED), b"")?;
     sync_dir(staging.path())?;
     publish(store, staging, &digest)?;
     progress.say(format!("{image} is ready ({digest})"));
@@ -194,6 +209,7 @@ fn download_layers(
     client: &RegistryClient,
     image: &ImageRef,
     layers: &[Descriptor],
+    retry: RetryPolicy,
     progress: &Progress,
 ) -> Result<Vec<std::path::PathBuf>> {
     let digests = layers
@@ -219,7 +235,15 @@ fn download_layers(
                 if i >= layers.len() {
                     return;
                 }
-                let r = fetch_blob(store, client, image, &digests[i], layers[i].size, progress);
+                let r = fetch_blob(
+                    store,
+                    client,
+                    image,
+                    &digests[i],
+                    layers[i].size,
+                    retry,
+                    progress,
+                );
                 if r.is_err() {
                     failed.store(true, Ordering::Relaxed);
                 }
@@ -241,13 +265,16 @@ fn download_layers(
     Ok(digests.iter().map(|d| store.blob_path(d)).collect())
 }
 
-/// Fetches one blob into `blobs/` via a locked temp file, verified.
+/// Fetches one blob into `blobs/` via a locked temp file, verified. A
+/// connection lost in the middle of the body starts the blob again, as often
+/// as `retry` allows (the request itself is retried by the client).
 fn fetch_blob(
     store: &Store,
     client: &RegistryClient,
     image: &ImageRef,
     digest: &Digest,
     size: u64,
+    retry: RetryPolicy,
     progress: &Progress,
 ) -> Result<()> {
     let dest = store.blob_path(digest);
@@ -258,6 +285,48 @@ fn fetch_blob(
         ));
         return Ok(());
     }
+    let mut attempt = 1;
+    loop {
+        match download_blob(store, client, image, digest, size) {
+            Ok(()) => break,
+            Err(e) if connection_lost(&e) => {
+                // Each try may run for minutes: bound by tries, not by total time.
+                let Some(wait) = retry.delay(attempt, None, Duration::ZERO) else {
+                    return Err(e);
+                };
+                eprintln!(
+                    "berth: {e:#}; downloading layer {digest} again in {:.1} s (attempt {} of {})",
+                    wait.as_secs_f64(),
+                    attempt + 1,
+                    retry.attempts
+                );
+                std::thread::sleep(wait);
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    progress.say(format!("layer {digest} ({}) fetched", mb(size)));
+    Ok(())
+}
+
+/// Whether `e` is a registry connection that broke (worth another try).
+fn connection_lost(e: &anyhow::Error) -> bool {
+    matches!(
+        e.downcast_ref::<RegistryError>(),
+        Some(RegistryError::Unreachable { .. })
+    )
+}
+
+/// One try of [`fetch_blob`]: download into a temp file, then rename.
+fn download_blob(
+    store: &Store,
+    client: &RegistryClient,
+    image: &ImageRef,
+    digest: &Digest,
+    size: u64,
+) -> Result<()> {
+    let dest = store.blob_path(digest);
     let (tmp, file) = TempEntry::file(&store.tmp_dir(), &format!("blob-{}", digest.hex()))?;
     let mut writer = BufWriter::with_capacity(1 << 20, file);
     client.fetch_blob(image, digest, Some(size), &mut writer)?;
@@ -270,7 +339,6 @@ fn fetch_blob(
     fs::rename(tmp.path(), &dest)
         .with_context(|| format!("cannot move {} to {}", tmp.path().display(), dest.display()))?;
     tmp.keep();
-    progress.say(format!("layer {digest} ({}) fetched", mb(size)));
     Ok(())
 }
 

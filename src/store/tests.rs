@@ -8,7 +8,7 @@ use crate::image::squashfs::tar2sqfs_available;
 use crate::registry::fake::{FakeAuth, FakeRegistry};
 use crate::registry::{NoCredentials, RegistryError};
 
-fn gz_layer(files: &[(&str, &str)]) -> Vec<u8> {
+pub(super) fn gz_layer(files: &[(&str, &str)]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     for (path, data) in files {
         let mut h = tar::Header::new_gnu();
@@ -22,7 +22,7 @@ fn gz_layer(files: &[(&str, &str)]) -> Vec<u8> {
     enc.finish().unwrap()
 }
 
-fn options(reg: &FakeRegistry) -> PullOptions {
+pub(super) fn options(reg: &FakeRegistry) -> PullOptions {
     PullOptions {
         registry: RegistryOptions {
             insecure_registries: vec![
@@ -30,17 +30,22 @@ fn options(reg: &FakeRegistry) -> PullOptions {
                 format!("localhost:{}", reg.addr.rsplit(':').next().unwrap()),
             ],
             credentials: Arc::new(NoCredentials),
+            retry: crate::registry::RetryPolicy {
+                initial_delay: std::time::Duration::from_millis(10),
+                ..Default::default()
+            },
+            proxy: crate::registry::ProxySettings::default(),
             ..RegistryOptions::default()
         },
         progress: false,
     }
 }
 
-fn reference(reg: &FakeRegistry, name: &str) -> ImageRef {
+pub(super) fn reference(reg: &FakeRegistry, name: &str) -> ImageRef {
     ImageRef::parse(&format!("{}/{name}", reg.addr)).unwrap()
 }
 
-fn entries(dir: &Path) -> Vec<String> {
+pub(super) fn entries(dir: &Path) -> Vec<String> {
     let mut v: Vec<_> = fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -49,7 +54,7 @@ fn entries(dir: &Path) -> Vec<String> {
     v
 }
 
-fn skip_without_tar2sqfs(test: &str) -> bool {
+pub(super) fn skip_without_tar2sqfs(test: &str) -> bool {
     if tar2sqfs_available() {
         return false;
     }
@@ -86,7 +91,13 @@ fn pull_converts_then_hits_the_store() {
     assert_eq!(first.squashfs, dir.join("image.sqfs"));
     assert_eq!(
         entries(&dir),
-        ["config.json", "image.sqfs", "manifest.json", "meta.json"]
+        [
+            "config.json",
+            "image.sqfs",
+            "last-used",
+            "manifest.json",
+            "meta.json"
+        ]
     );
     let magic = fs::read(&first.squashfs).unwrap();
     assert_eq!(&magic[..4], SQUASHFS_MAGIC);
@@ -286,4 +297,84 @@ fn concurrent_pulls_download_once() {
         "config and two layers, once"
     );
     assert!(entries(&root.path().join("tmp")).is_empty());
+}
+
+#[test]
+fn gzip_zstd_and_plain_layers_mix() {
+    if skip_without_tar2sqfs("gzip_zstd_and_plain_layers_mix") {
+        return;
+    }
+    let tar = |path: &str, data: &str| {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o644);
+        h.set_size(data.len() as u64);
+        b.append_data(&mut h, path, data.as_bytes()).unwrap();
+        b.into_inner().unwrap()
+    };
+    let reg = FakeRegistry::start(FakeAuth::None);
+    reg.push_image(
+        "ns/mixed",
+        "v1",
+        vec![
+            gz_layer(&[("a", "gzip")]),
+            zstd::stream::encode_all(&tar("b", "zstd")[..], 3).unwrap(),
+            tar("c", "plain"),
+        ],
+        &[],
+    );
+    let root = tempfile::tempdir().unwrap();
+    let source = ImageSource::Registry(reference(&reg, "ns/mixed:v1"));
+    let image = pull_image(root.path(), &source, &options(&reg)).unwrap();
+    let listing = std::process::Command::new("unsquashfs")
+        .arg("-l")
+        .arg(&image.squashfs)
+        .output();
+    if let Ok(listing) = listing {
+        let listing = String::from_utf8_lossy(&listing.stdout);
+        for file in ["/a", "/b", "/c"] {
+            assert!(
+                listing.contains(&format!("squashfs-root{file}")),
+                "{listing}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_broken_layer_download_starts_again() {
+    if skip_without_tar2sqfs("a_broken_layer_download_starts_again") {
+        return;
+    }
+    let reg = FakeRegistry::start(FakeAuth::None);
+    let layer = gz_layer(&[("big", &"x".repeat(10_000))]);
+    let layer_digest = Digest::of_bytes(&layer);
+    reg.push_image("ns/flaky", "v1", vec![layer], &[]);
+    reg.state.lock().unwrap().truncate_blobs = vec![layer_digest.to_string(); 2];
+    let root = tempfile::tempdir().unwrap();
+    let source = ImageSource::Registry(reference(&reg, "ns/flaky:v1"));
+    pull_image(root.path(), &source, &options(&reg)).unwrap();
+    assert_eq!(
+        reg.count(&format!("GET /v2/ns/flaky/blobs/{layer_digest}")),
+        3,
+        "two broken answers, then a whole one"
+    );
+    assert!(entries(&root.path().join("tmp")).is_empty());
+
+    // Bounded: a layer that always breaks fails the pull, naming the layer.
+    let reg = FakeRegistry::start(FakeAuth::None);
+    let layer = gz_layer(&[("big", &"y".repeat(10_000))]);
+    let layer_digest = Digest::of_bytes(&layer);
+    reg.push_image("ns/flaky", "v1", vec![layer], &[]);
+    reg.state.lock().unwrap().truncate_blobs = vec![layer_digest.to_string(); 10];
+    let root = tempfile::tempdir().unwrap();
+    let source = ImageSource::Registry(reference(&reg, "ns/flaky:v1"));
+    let e = pull_image(root.path(), &source, &options(&reg)).unwrap_err();
+    assert!(format!("{e:#}").contains(layer_digest.as_str()), "{e:#}");
+    assert_eq!(
+        reg.count(&format!("GET /v2/ns/flaky/blobs/{layer_digest}")),
+        4
+    );
+    assert!(entries(&root.path().join("tmp")).is_empty());
+    assert!(entries(&root.path().join("blobs/sha256")).is_empty());
 }

@@ -1,0 +1,104 @@
+//! Holding a stored image while a container uses it.
+//!
+//! A running container keeps a shared `flock` on its image's `image.sqfs`
+//! ([`ImageHold`]); `berth rmi` and `berth gc` try an exclusive lock first and
+//! leave the image alone when they cannot get it. `flock` locks die with the
+//! process, so a crashed container never pins an image.
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+use super::fsutil::{lock_shared, try_lock_exclusive};
+use super::{Store, StoredImage};
+
+/// A shared lock on a stored image's squashfs file: while it lives, `rmi` and
+/// `gc` do not remove the image. Dropping it releases the lock.
+#[derive(Debug)]
+pub struct ImageHold {
+    file: File,
+    path: PathBuf,
+}
+
+impl ImageHold {
+    /// The squashfs file held.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The open squashfs file (a container may mount through it).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+}
+
+impl Store {
+    /// Marks `image` as in use until the returned hold is dropped. Fails when
+    /// the image was removed from the store meanwhile (pull it again).
+    ///
+    /// Works for squashfs files given by path too (the lock is then on that file).
+    pub fn hold(&self, image: &StoredImage) -> Result<ImageHold> {
+        let path = image.squashfs.clone();
+        let removed = || {
+            format!(
+                "image {} was removed from the store {} while it was starting: pull it again",
+                image_name(image),
+                self.root().display()
+            )
+        };
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(removed()),
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot open {}", path.display()));
+            }
+        };
+        lock_shared(&file).with_context(|| format!("cannot lock {}", path.display()))?;
+        // rmi renames the folder away under an exclusive lock: what we locked
+        // must still be the file at `path`.
+        let held = file
+            .metadata()
+            .with_context(|| format!("cannot stat {}", path.display()))?;
+        match std::fs::metadata(&path) {
+            Ok(now) if now.dev() == held.dev() && now.ino() == held.ino() => {}
+            _ => bail!(removed()),
+        }
+        Ok(ImageHold { file, path })
+    }
+}
+
+/// The outcome of [`lock_unused`].
+#[derive(Debug)]
+pub(super) enum Exclusive {
+    /// Nobody holds the file; it stays locked until this is dropped, so no
+    /// container can take a hold while the image is removed.
+    Locked(File),
+    /// There is no such file.
+    Missing,
+    /// A container holds it.
+    Busy,
+}
+
+/// Tries to lock the squashfs file at `path` exclusively, without waiting.
+pub(super) fn lock_unused(path: &Path) -> Result<Exclusive> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Exclusive::Missing),
+        Err(e) => return Err(e).with_context(|| format!("cannot open {}", path.display())),
+    };
+    if try_lock_exclusive(&file).with_context(|| format!("cannot lock {}", path.display()))? {
+        Ok(Exclusive::Locked(file))
+    } else {
+        Ok(Exclusive::Busy)
+    }
+}
+
+fn image_name(image: &StoredImage) -> String {
+    match (&image.reference, &image.manifest_digest) {
+        (Some(r), _) => r.to_string(),
+        (None, Some(d)) => d.clone(),
+        (None, None) => image.squashfs.display().to_string(),
+    }
+}
