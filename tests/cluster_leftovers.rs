@@ -63,6 +63,24 @@ fn nothing_is_left_after_steps_end() {
         wait_for(Duration::from_secs(30), || !berth_leftovers().is_empty()),
         "no container of job {job} visible while its step runs"
     );
+    // The running step holds its image: `berth rmi` on that node refuses it.
+    let state = cluster.var("BERTH_TEST_STATE_DIR");
+    let berth = format!("{state}/prefix/bin/berth");
+    let node_store = format!("{state}/nodes/node1/berth-store");
+    let rmi = std::process::Command::new(&berth)
+        .args(["rmi", "--store", &node_store, &image])
+        .output()
+        .unwrap();
+    assert!(
+        !rmi.status.success(),
+        "rmi removed an image a running step uses"
+    );
+    assert!(
+        String::from_utf8_lossy(&rmi.stderr).contains("in use")
+            || String::from_utf8_lossy(&rmi.stdout).contains("in use"),
+        "{}",
+        String::from_utf8_lossy(&rmi.stderr)
+    );
     cluster.slurm(Submitter::Root, "scancel", &[&job]).ok();
     assert!(
         wait_for(Duration::from_secs(60), || cluster
@@ -75,4 +93,17 @@ fn nothing_is_left_after_steps_end() {
     let clean = wait_for(Duration::from_secs(30), || berth_leftovers().is_empty());
     assert!(clean, "left behind:\n{}", berth_leftovers().join("\n"));
     cluster.assert_nodes_healthy();
+    // Once the step is gone, the image can be removed (and is pulled again next time).
+    let rmi = std::process::Command::new(&berth)
+        .args(["rmi", "--store", &node_store, &image])
+        .output()
+        .unwrap();
+    assert!(
+        rmi.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rmi.stderr)
+    );
+    cluster
+        .srun(Submitter::User, &["-w", "node1", &image_opt, "true"])
+        .ok();
 }

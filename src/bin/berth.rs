@@ -210,6 +210,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let (root, options) = store.resolve(&config);
             let stored = pull_image(&root, &source, &options)
                 .with_context(|| format!("cannot pull {source}"))?;
+            // Keeps `berth rmi`/`gc` off the image while the container runs.
+            let _hold = match stored.manifest_digest {
+                Some(_) => Some(Store::open_unswept(&root)?.hold(&stored)?),
+                None => None,
+            };
             let mut mount_specs = Vec::new();
             for text in &mounts {
                 mount_specs.extend(parse_mounts(text).with_context(|| format!("--mount {text}"))?);

@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::container::spec::{parse_mounts, ContainerSpec, MountSpec, Namespace, UserIdentity};
 use crate::container::{spawn_holder, Container, Mode};
 use crate::privilege::with_root;
-use crate::store::StoredImage;
+use crate::store::{ImageHold, Store, StoredImage};
 
 /// The container of this step on this node, created in `user_init`.
 static CONTAINER: Mutex<Option<StepContainer>> = Mutex::new(None);
@@ -29,6 +29,8 @@ struct StepContainer {
     container: Container,
     /// `--container-env`: variables whose job value wins over the image's.
     keep_job_env: Vec<String>,
+    /// Keeps `berth rmi` and `berth gc` off the image while the step runs.
+    _image_hold: Option<ImageHold>,
 }
 
 /// Why `user_init` could not make the container. Slurm 22.05's srun exits 0
@@ -89,7 +91,7 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
         })
         .unwrap_or_default();
     let store = config.store_path_for_node(&node);
-    let stored = with_root(|| pull(config, &store, &image))?;
+    let (stored, image_hold) = with_root(|| pull_and_hold(config, &store, &image))?;
     let pulled = started.elapsed();
 
     let uid = spank.uid().map_err(|e| e.to_string())?;
@@ -127,6 +129,7 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
     *CONTAINER.lock().unwrap_or_else(|p| p.into_inner()) = Some(StepContainer {
         container,
         keep_job_env,
+        _image_hold: image_hold,
     });
     handle::log_info(&format!(
         "job {job} step {step}: image {image} ({}) ready in {:.0} ms (pull/lookup {:.0} ms)",
@@ -184,6 +187,28 @@ fn pmi_binds(job_env: &[String]) -> Vec<MountSpec> {
         });
     }
     binds
+}
+
+/// Pulls the image and takes a shared hold on it for the step. `berth gc` may
+/// remove an image between the pull and the hold: then pull once more.
+fn pull_and_hold(
+    config: &Config,
+    store: &Path,
+    image: &str,
+) -> Result<(StoredImage, Option<ImageHold>), String> {
+    let mut stored = pull(config, store, image)?;
+    if stored.manifest_digest.is_none() {
+        return Ok((stored, None)); // a squashfs file given by path, not in the store
+    }
+    let open = || Store::open_unswept(store).map_err(|e| format!("{e:#}"));
+    let hold = match open()?.hold(&stored) {
+        Ok(hold) => hold,
+        Err(_) => {
+            stored = pull(config, store, image)?;
+            open()?.hold(&stored).map_err(|e| format!("{e:#}"))?
+        }
+    };
+    Ok((stored, Some(hold)))
 }
 
 /// Runs `berth pull --json` (as root, into the node store) and reads its answer.
