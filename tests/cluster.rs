@@ -367,34 +367,11 @@ fn plugin_built_for_another_release_is_refused() {
     bytes[offset..offset + 4].copy_from_slice(&other.to_le_bytes());
     std::fs::write(&patched, &bytes).unwrap();
 
-    let plugstack = dir.path().join("plugstack.conf");
-    std::fs::write(&plugstack, format!("required {}\n", patched.display())).unwrap();
-    let conf = std::fs::read_to_string(cluster.var("SLURM_CONF")).unwrap();
-    let conf: String = conf
-        .lines()
-        .filter(|l| {
-            !l.trim_start()
-                .to_ascii_lowercase()
-                .starts_with("plugstackconfig")
-        })
-        .map(|l| format!("{l}\n"))
-        .collect::<String>()
-        + &format!("PlugStackConfig={}\n", plugstack.display());
-    let slurm_conf = dir.path().join("slurm.conf");
-    std::fs::write(&slurm_conf, conf).unwrap();
-    for path in [dir.path(), &patched, &plugstack, &slurm_conf] {
-        let mode = if path.is_dir() { 0o755 } else { 0o644 };
-        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
-    }
-
-    let run = cluster
-        .slurm_env(
-            Submitter::User,
-            "srun",
-            &["-N1", "true"],
-            &[("SLURM_CONF", slurm_conf.to_str().unwrap())],
-        )
-        .failed();
+    let run = srun_with_plugstack_line(
+        &cluster,
+        dir.path(),
+        &format!("required {}", patched.display()),
+    );
     assert!(
         run.code > 0 && run.code < 128,
         "srun crashed: exit {}\n{}",
@@ -406,6 +383,61 @@ fn plugin_built_for_another_release_is_refused() {
         "expected Slurm's version message:\n{}",
         run.stderr
     );
+}
+
+/// An unknown or malformed plugstack argument stops the plugin with a message
+/// that names it.
+#[test]
+fn unknown_plugstack_argument_is_named() {
+    let cluster = cluster_or_skip!();
+    let plugin = format!(
+        "{}/prefix/lib/slurm/spank_berth.so",
+        cluster.var("BERTH_TEST_STATE_DIR")
+    );
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    for (argument, expected) in [
+        ("store_pth=/x", "unknown argument `store_pth`"),
+        ("container_scope=node", "container_scope=node"),
+    ] {
+        let line = format!("required {plugin} {argument}");
+        let run = srun_with_plugstack_line(&cluster, dir.path(), &line).failed();
+        assert!(run.stderr.contains(expected), "{argument}: {}", run.stderr);
+    }
+}
+
+/// `srun -N1 true` as the test user, with a copy of the cluster's slurm.conf
+/// whose plugstack holds only `line` (files written into `dir`).
+fn srun_with_plugstack_line(cluster: &Cluster, dir: &std::path::Path, line: &str) -> common::Run {
+    let plugstack = dir.join("plugstack.conf");
+    std::fs::write(&plugstack, format!("{line}\n")).unwrap();
+    let conf = std::fs::read_to_string(cluster.var("SLURM_CONF")).unwrap();
+    let conf: String = conf
+        .lines()
+        .filter(|l| {
+            !l.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("plugstackconfig")
+        })
+        .map(|l| format!("{l}\n"))
+        .collect::<String>()
+        + &format!("PlugStackConfig={}\n", plugstack.display());
+    let slurm_conf = dir.join("slurm.conf");
+    std::fs::write(&slurm_conf, conf).unwrap();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let mode = if entry.path().is_dir() { 0o755 } else { 0o644 };
+        std::fs::set_permissions(
+            entry.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(mode),
+        )
+        .unwrap();
+    }
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    cluster.slurm_env(
+        Submitter::User,
+        "srun",
+        &["-N1", "true"],
+        &[("SLURM_CONF", slurm_conf.to_str().unwrap())],
+    )
 }
 
 /// File offset of a dynamic symbol's data in an ELF64 shared object.
