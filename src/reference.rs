@@ -121,11 +121,7 @@ impl ImageRef {
         let (registry, path) = match registry {
             Some(registry) => (registry, name),
             None => match name.split_once('/') {
-                Some((first, path))
-                    if first.contains('.') || first.contains(':') || first == "localhost" =>
-                {
-                    (first.to_string(), path)
-                }
+                Some((first, path)) if looks_like_registry(first) => (first.to_string(), path),
                 _ => (DOCKER_HUB.to_string(), name),
             },
         };
@@ -193,10 +189,24 @@ impl ImageRef {
     }
 }
 
+/// Whether the first part of a docker-style name is a registry host rather than
+/// part of a Docker Hub repository.
+fn looks_like_registry(first: &str) -> bool {
+    first.contains('.') || first.contains(':') || first == "localhost"
+}
+
 impl fmt::Display for ImageRef {
     /// Prints the canonical docker-style form, e.g. `docker.io/library/ubuntu:latest`.
+    /// A registry that docker-style parsing would not take for a host (`myhost`, as
+    /// in `myhost#img`) is printed enroot-style, `myhost#img:latest`, so the
+    /// printed form always parses back to the same image.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.registry, self.repository)?;
+        let sep = if looks_like_registry(&self.registry) {
+            '/'
+        } else {
+            '#'
+        };
+        write!(f, "{}{sep}{}", self.registry, self.repository)?;
         if let Some(tag) = &self.tag {
             write!(f, ":{tag}")?;
         }
@@ -221,11 +231,15 @@ fn validate_registry(registry: &str) -> Result<(), String> {
         Some((h, p)) => (h, Some(p)),
         None => (registry, None),
     };
-    if host.is_empty()
-        || !host
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-')
-    {
+    // Dot-separated labels, each non-empty and neither starting nor ending with
+    // '-' (so no leading '.', which would read as a file path when printed).
+    let label_ok = |label: &str| {
+        !label.is_empty()
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+            && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+    };
+    if !host.split('.').all(label_ok) {
         return Err(format!("registry host '{host}' is not a valid host name"));
     }
     if let Some(port) = port {
@@ -307,6 +321,52 @@ mod tests {
         assert_eq!(r.api_host(), "registry-1.docker.io");
         assert_eq!(r.to_string(), "docker.io/library/ubuntu:latest");
         assert_eq!(reg("nvidia/cuda:12.4").repository, "nvidia/cuda");
+    }
+
+    /// Found by `cargo fuzz run reference` (input `ghcr/repo@sh#a2`): a registry
+    /// without '.', ':' or "localhost" was printed docker-style, which parses
+    /// back as a Docker Hub repository.
+    #[test]
+    fn display_round_trips_for_bare_registry_names() {
+        let r = reg("ghcr/repo@sh#a2");
+        assert_eq!(r.registry, "sh");
+        assert_eq!(r.to_string(), "sh#a2:latest");
+        let again = reg(&r.to_string());
+        assert_eq!(again, ImageRef { user: None, ..r });
+        for s in [
+            "ubuntu",
+            "nvcr.io#nvidia/pytorch:24.05-py3",
+            "localhost#img",
+            "myhost:5000#a/b",
+        ] {
+            let r = reg(s);
+            assert_eq!(reg(&r.to_string()), ImageRef { user: None, ..r }, "{s}");
+        }
+        assert_eq!(
+            reg("nvcr.io#nvidia/cuda").to_string(),
+            "nvcr.io/nvidia/cuda:latest"
+        );
+    }
+
+    /// Found by `cargo fuzz run reference` (input `docker://.ia/pcaa`): a registry
+    /// host with an empty label was accepted and printed as `.ia/pcaa:latest`,
+    /// which reads as a squashfs file path.
+    #[test]
+    fn registry_hosts_need_non_empty_labels() {
+        for bad in [
+            "docker://.ia/pcaa",
+            ".ia#pcaa",
+            "a..b#img",
+            "ia.#img",
+            "-x.io/img",
+            "x-.io:5000/img",
+        ] {
+            assert!(ImageRef::parse(bad).is_err(), "{bad} was accepted");
+        }
+        assert_eq!(
+            reg("my-reg.example.com:5000/a/b").registry,
+            "my-reg.example.com:5000"
+        );
     }
 
     #[test]

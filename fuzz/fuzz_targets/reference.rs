@@ -1,0 +1,28 @@
+//! Image references as users write them (`--container-image`, `berth pull`).
+//! Property: a registry reference printed with Display parses back to the
+//! same value (the user name before '@' is not printed, so it is ignored).
+#![no_main]
+
+use berth::reference::ImageSource;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|input: &str| {
+    let Ok(parsed) = ImageSource::parse(input) else {
+        return;
+    };
+    let shown = parsed.to_string();
+    if let ImageSource::Registry(r) = parsed {
+        let again = match ImageSource::parse(&shown) {
+            Ok(ImageSource::Registry(again)) => again,
+            other => panic!("{input:?} printed as {shown:?}, which parses as {other:?}"),
+        };
+        let mut want = r.clone();
+        want.user = None;
+        assert_eq!(
+            again, want,
+            "{input:?} printed as {shown:?} does not round-trip"
+        );
+        let _ = r.api_host();
+        let _ = r.manifest_reference();
+    }
+});
