@@ -308,7 +308,7 @@ fn clone_tree(source: &Path) -> io::Result<OwnedFd> {
 fn attach_tree(tree: BorrowedFd<'_>, target: BorrowedFd<'_>) -> io::Result<()> {
     const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x04;
     const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
-    let empty = b"\0".as_ptr().cast::<libc::c_char>();
+    let empty = c"".as_ptr();
     // SAFETY: both descriptors are valid and both paths are the empty C string.
     let ret = unsafe {
         libc::syscall(
@@ -391,7 +391,7 @@ fn set_attributes(
         libc::syscall(
             libc::SYS_mount_setattr,
             mount_root.as_raw_fd(),
-            b"\0".as_ptr().cast::<libc::c_char>(),
+            c"".as_ptr(),
             flags,
             &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),

@@ -239,7 +239,7 @@ struct Node {
 
 impl Node {
     fn is_dir(&self) -> bool {
-        self.winner.map_or(true, |w| w.dir)
+        self.winner.is_none_or(|w| w.dir)
     }
 
     fn get(&self, path: &[u8]) -> Option<&Node> {

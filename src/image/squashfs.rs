@@ -95,9 +95,8 @@ pub fn convert(layers: &[Layer], dest: &Path, options: &SquashfsOptions) -> Resu
             .with_context(|| format!("cannot rename {} to {}", tmp.display(), dest.display()))?;
         Ok(size)
     };
-    let image_size = publish().map_err(|e| {
+    let image_size = publish().inspect_err(|_e| {
         let _ = fs::remove_file(&tmp);
-        e
     })?;
     Ok(ConvertStats {
         paths: plan.paths,

@@ -205,7 +205,7 @@ impl AuthCache {
     pub fn get(&self, key: &str) -> Option<String> {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         match entries.get(key) {
-            Some(a) if a.valid_until.map_or(true, |t| Instant::now() < t) => Some(a.header.clone()),
+            Some(a) if a.valid_until.is_none_or(|t| Instant::now() < t) => Some(a.header.clone()),
             Some(_) => {
                 entries.remove(key);
                 None

@@ -140,7 +140,7 @@ impl EnrootCredentials {
 
 impl Credentials for EnrootCredentials {
     fn lookup(&self, host: &str, user: Option<&str>) -> Option<Credential> {
-        let user_ok = |e: &&Entry| user.map_or(true, |u| e.credential.login == u);
+        let user_ok = |e: &&Entry| user.is_none_or(|u| e.credential.login == u);
         // Like curl's netrc, a `machine` without a port matches every port.
         let host_only = host.rsplit_once(':').map_or(host, |(h, _)| h);
         let find = |name: &str| {

@@ -281,7 +281,7 @@ impl AuthEntry {
 impl Credentials for DockerCredentials {
     fn lookup(&self, host: &str, user: Option<&str>) -> Option<Credential> {
         let host = normalize(host);
-        let user_ok = |c: &Credential| user.map_or(true, |u| c.login == u);
+        let user_ok = |c: &Credential| user.is_none_or(|u| c.login == u);
         if let Some(helper) = self.cred_helpers.get(&host) {
             if let Some(c) = self.ask_helper(helper, &host).filter(user_ok) {
                 return Some(c);
