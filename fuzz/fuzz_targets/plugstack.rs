@@ -1,23 +1,7 @@
-//! The arguments after `spank_berth.so` in plugstack.conf, split on whitespace.
-//! `config=` arguments name a file to read: they are dropped so the fuzzer stays
-//! off the file system (the default config file, if present, is still read).
+//! cargo-fuzz target: see fuzz/checks/plugstack.rs for what it checks.
 #![no_main]
 
-use berth::config::Config;
-use libfuzzer_sys::fuzz_target;
+#[path = "../checks/plugstack.rs"]
+mod check;
 
-fuzz_target!(|input: &str| {
-    let args: Vec<String> = input
-        .split_whitespace()
-        .filter(|a| !a.starts_with("config="))
-        .map(str::to_string)
-        .collect();
-    match Config::from_plugstack_args(&args) {
-        Ok(config) => {
-            let _ = format!("{config:?}");
-        }
-        Err(e) => {
-            let _ = e.to_string();
-        }
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| check::check(data));

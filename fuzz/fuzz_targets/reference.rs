@@ -1,28 +1,7 @@
-//! Image references as users write them (`--container-image`, `berth pull`).
-//! Property: a registry reference printed with Display parses back to the
-//! same value (the user name before '@' is not printed, so it is ignored).
+//! cargo-fuzz target: see fuzz/checks/reference.rs for what it checks.
 #![no_main]
 
-use berth::reference::ImageSource;
-use libfuzzer_sys::fuzz_target;
+#[path = "../checks/reference.rs"]
+mod check;
 
-fuzz_target!(|input: &str| {
-    let Ok(parsed) = ImageSource::parse(input) else {
-        return;
-    };
-    let shown = parsed.to_string();
-    if let ImageSource::Registry(r) = parsed {
-        let again = match ImageSource::parse(&shown) {
-            Ok(ImageSource::Registry(again)) => again,
-            other => panic!("{input:?} printed as {shown:?}, which parses as {other:?}"),
-        };
-        let mut want = r.clone();
-        want.user = None;
-        assert_eq!(
-            again, want,
-            "{input:?} printed as {shown:?} does not round-trip"
-        );
-        let _ = r.api_host();
-        let _ = r.manifest_reference();
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| check::check(data));
