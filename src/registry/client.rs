@@ -475,6 +475,17 @@ impl RegistryClient {
                             status: resp.status(),
                             detail: format!("redirect to an invalid location '{location}'"),
                         })?;
+                    if !matches!(next.scheme(), "http" | "https") {
+                        return Err(RegistryError::Http {
+                            url: strip_query(&url),
+                            status: resp.status(),
+                            detail: format!(
+                                "redirect to '{}', which is not an http or https URL; berth \
+                                 follows redirects to web servers only",
+                                strip_query(next.as_str())
+                            ),
+                        });
+                    }
                     if redirects > MAX_REDIRECTS {
                         return Err(RegistryError::Http {
                             url,

@@ -30,3 +30,5 @@ pub use retry::RetryPolicy;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_hostile;

@@ -1,0 +1,121 @@
+//! Hostile registry replies: every one ends in a clear error, never a hang,
+//! a crash, a read of a local file or unbounded memory.
+
+use std::sync::Arc;
+
+use super::fake::{FakeAuth, FakeRegistry};
+use super::*;
+use crate::reference::ImageRef;
+
+fn client(reg: &FakeRegistry) -> RegistryClient {
+    RegistryClient::new(&RegistryOptions {
+        insecure_registries: vec![reg.addr.clone()],
+        credentials: Arc::new(NoCredentials),
+        retry: RetryPolicy {
+            initial_delay: std::time::Duration::from_millis(5),
+            ..RetryPolicy::default()
+        },
+        proxy: ProxySettings::default(),
+        ..RegistryOptions::default()
+    })
+}
+
+fn image(reg: &FakeRegistry, name: &str) -> ImageRef {
+    ImageRef::parse(&format!("{}/{name}", reg.addr)).unwrap()
+}
+
+fn error_of<T: std::fmt::Debug>(result: anyhow::Result<T>) -> String {
+    format!("{:#}", result.unwrap_err())
+}
+
+#[test]
+fn oversized_manifest_is_refused_without_reading_it_all() {
+    let reg = FakeRegistry::start(FakeAuth::None);
+    let mut body = b"{\"schemaVersion\":2,\"x\":\"".to_vec();
+    body.resize(9 << 20, b'a');
+    body.extend_from_slice(b"\"}");
+    reg.put_manifest("ns/big", Some("v1"), manifest::OCI_MANIFEST, body);
+    let e = error_of(client(&reg).resolve(&image(&reg, "ns/big:v1"), &Platform::current()));
+    assert!(e.contains("ns/big"), "{e}");
+    assert!(e.contains("bytes") || e.contains("large"), "{e}");
+}
+
+#[test]
+fn malformed_and_mistyped_manifests_name_the_image() {
+    let reg = FakeRegistry::start(FakeAuth::None);
+    reg.put_manifest(
+        "ns/broken",
+        Some("json"),
+        manifest::OCI_MANIFEST,
+        b"{\"schemaVersion\": 2, \"layers\": [".to_vec(),
+    );
+    reg.put_manifest(
+        "ns/broken",
+        Some("html"),
+        "text/html",
+        b"<html>login page</html>".to_vec(),
+    );
+    reg.put_manifest(
+        "ns/broken",
+        Some("deep"),
+        manifest::OCI_MANIFEST,
+        format!("{}{}", "[".repeat(100_000), "]".repeat(100_000)).into_bytes(),
+    );
+    for tag in ["json", "html", "deep"] {
+        let e = error_of(client(&reg).resolve(
+            &image(&reg, &format!("ns/broken:{tag}")),
+            &Platform::current(),
+        ));
+        assert!(e.contains("ns/broken"), "{tag}: {e}");
+    }
+}
+
+#[test]
+fn redirects_to_local_files_and_loops_are_refused() {
+    let reg = FakeRegistry::start(FakeAuth::None);
+    reg.push_image("ns/app", "v1", vec![b"layer".to_vec()], &[]);
+    let c = client(&reg);
+    let resolved = c
+        .resolve(&image(&reg, "ns/app:v1"), &Platform::current())
+        .unwrap();
+    let layer = &resolved.manifest.layers[0];
+    let digest = Digest::parse(&layer.digest).unwrap();
+
+    reg.fail_next(
+        "307 Temporary Redirect",
+        &[("Location", "file:///etc/passwd")],
+    );
+    let mut out = Vec::new();
+    let e = error_of(c.fetch_blob(&image(&reg, "ns/app:v1"), &digest, None, &mut out));
+    assert!(!out.windows(5).any(|w| w == b"root:"), "read a local file");
+    assert!(e.contains("not an http"), "{e}");
+
+    let blob_url = format!("http://{}/v2/ns/app/blobs/{digest}", reg.addr);
+    for _ in 0..12 {
+        reg.fail_next("307 Temporary Redirect", &[("Location", &blob_url)]);
+    }
+    let mut out = Vec::new();
+    let e = error_of(c.fetch_blob(&image(&reg, "ns/app:v1"), &digest, None, &mut out));
+    assert!(e.contains("redirect"), "{e}");
+}
+
+#[test]
+fn a_token_that_keeps_being_refused_ends_in_a_clear_denial() {
+    let reg = FakeRegistry::start(FakeAuth::None);
+    reg.push_image("ns/app", "v1", vec![b"layer".to_vec()], &[]);
+    let challenge = format!(
+        "Bearer realm=\"http://{}/token\",service=\"fake\",scope=\"repository:other/repo:pull\"",
+        reg.addr
+    );
+    for _ in 0..12 {
+        reg.fail_next("401 Unauthorized", &[("WWW-Authenticate", &challenge)]);
+    }
+    let started = std::time::Instant::now();
+    let e = error_of(client(&reg).resolve(&image(&reg, "ns/app:v1"), &Platform::current()));
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    assert!(e.contains("ns/app"), "{e}");
+    assert!(
+        e.contains("denied") || e.contains("credentials") || e.contains("401"),
+        "{e}"
+    );
+}
