@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod container;
+pub mod doctor;
 pub mod image;
 pub mod privilege;
 pub mod reference;

@@ -55,6 +55,19 @@ enum Commands {
         #[arg(last = true)]
         command: Vec<String>,
     },
+    /// Check that this node has what berth needs, and say what to fix.
+    Doctor {
+        /// plugstack.conf to take berth's settings from (default: beside SLURM_CONF,
+        /// else /etc/slurm/plugstack.conf; `include` lines are followed).
+        #[arg(long)]
+        plugstack: Option<PathBuf>,
+        /// Also check that this registry (`host[:port]`) answers; repeatable.
+        #[arg(long = "registry")]
+        registries: Vec<String>,
+        /// Warn when the store has less free space than this.
+        #[arg(long, default_value = "20G", value_parser = parse_size_arg)]
+        min_free: u64,
+    },
     /// List the images in the store.
     Images {
         #[command(flatten)]
@@ -191,6 +204,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Commands::Doctor {
+            plugstack,
+            registries,
+            min_free,
+        } => doctor(plugstack, registries, min_free),
         Commands::Images { store } => list_images(&store.open()?),
         Commands::Inspect { image, store } => inspect_image(&store.open()?, &image),
         Commands::Rmi { images, store } => remove_images(&store.open()?, &images),
@@ -391,5 +409,48 @@ fn collect_garbage(store: &Store, max_size: Option<u64>) -> Result<ExitCode> {
         format_size(report.size_after),
         format_size(report.size_before)
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `berth doctor`: the plugin's configuration (from plugstack.conf when it has
+/// a berth line, else the CLI's), then every check; exit 1 on any failure.
+fn doctor(plugstack: Option<PathBuf>, registries: Vec<String>, min_free: u64) -> Result<ExitCode> {
+    use berth::doctor::{self, DoctorOptions, Level};
+    let file = plugstack
+        .clone()
+        .unwrap_or_else(doctor::default_plugstack_file);
+    let args = match doctor::plugstack_arguments(&file) {
+        Ok(args) => args,
+        Err(e) if plugstack.is_none() => {
+            say!("note: {e:#}; checking the CLI configuration instead");
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    let config = match &args {
+        Some(args) => {
+            say!("plugin configuration from {}", file.display());
+            Config::from_plugstack_args(args)?
+        }
+        None => Config::for_cli()?,
+    };
+    let mut options = DoctorOptions {
+        registries,
+        min_free_bytes: min_free,
+    };
+    for registry in &config.insecure_registries {
+        if !options.registries.contains(registry) {
+            options.registries.push(registry.clone());
+        }
+    }
+    let findings = doctor::run_checks(&config, &options);
+    for finding in &findings {
+        say!("{finding}");
+    }
+    let failed = findings.iter().filter(|f| f.level == Level::Fail).count();
+    if failed > 0 {
+        say!("{failed} problem(s) to fix before berth can run containers on this node");
+        return Ok(ExitCode::from(1));
+    }
     Ok(ExitCode::SUCCESS)
 }

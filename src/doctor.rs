@@ -1,0 +1,573 @@
+//! `berth doctor`: checks what a compute node needs to run berth containers
+//! and says what to fix.
+//!
+//! Each check is a small function returning a [`Finding`]; the CLI prints one
+//! line per finding and exits non-zero when any check failed. The checks only
+//! read: they never load modules, create loop devices or change the store.
+
+use std::ffi::CString;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::config::Config;
+
+/// How bad a finding is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// Works.
+    Ok,
+    /// Works, but something is missing for some uses or may bite later.
+    Warn,
+    /// berth cannot work on this node until it is fixed.
+    Fail,
+}
+
+/// The result of one check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// Verdict.
+    pub level: Level,
+    /// What was checked, e.g. "user namespaces".
+    pub check: String,
+    /// What was found.
+    pub detail: String,
+    /// What to do about it (empty when nothing).
+    pub fix: String,
+}
+
+impl Finding {
+    fn new(level: Level, check: &str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+        Finding {
+            level,
+            check: check.to_string(),
+            detail: detail.into(),
+            fix: fix.into(),
+        }
+    }
+
+    fn ok(check: &str, detail: impl Into<String>) -> Self {
+        Finding::new(Level::Ok, check, detail, "")
+    }
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let tag = match self.level {
+            Level::Ok => "ok  ",
+            Level::Warn => "WARN",
+            Level::Fail => "FAIL",
+        };
+        write!(f, "{tag} {}: {}", self.check, self.detail)?;
+        if !self.fix.is_empty() {
+            write!(f, "\n     fix: {}", self.fix)?;
+        }
+        Ok(())
+    }
+}
+
+/// What to check beyond the node itself.
+#[derive(Debug, Clone, Default)]
+pub struct DoctorOptions {
+    /// Registries (`host[:port]`) whose `/v2/` endpoint must answer.
+    pub registries: Vec<String>,
+    /// Minimum free space wanted in the store, in bytes.
+    pub min_free_bytes: u64,
+}
+
+/// Runs every check for `config` (store path, helper, insecure registries).
+pub fn run_checks(config: &Config, options: &DoctorOptions) -> Vec<Finding> {
+    let mut findings = vec![
+        kernel_version(),
+        user_namespaces(),
+        filesystem("squashfs", "squashfs", true),
+        filesystem("overlay", "overlay", true),
+        fuse_device(),
+        loop_control(),
+        tool("tar2sqfs", "squashfs-tools-ng", Level::Fail),
+        tool("squashfuse", "squashfuse", Level::Warn),
+        tool("fuse-overlayfs", "fuse-overlayfs", Level::Warn),
+        helper(&config.helper_path),
+        slurm_version(),
+    ];
+    let node = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    findings.extend(store(
+        &config.store_path_for_node(&node),
+        options.min_free_bytes,
+    ));
+    for registry in &options.registries {
+        let insecure = config.insecure_registries.iter().any(|r| r == registry);
+        findings.push(registry_reachable(registry, insecure));
+    }
+    findings
+}
+
+/// The plugstack file slurmd reads: `PlugStackConfig` is not parsed; the file
+/// beside `SLURM_CONF` (or /etc/slurm/slurm.conf) is assumed, as Slurm does by
+/// default.
+pub fn default_plugstack_file() -> PathBuf {
+    let conf = std::env::var_os("SLURM_CONF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/etc/slurm/slurm.conf"));
+    conf.with_file_name("plugstack.conf")
+}
+
+/// The arguments of the `spank_berth.so` line in plugstack file `path`,
+/// following `include` lines (with `*` globs in the file name); `None` when
+/// no berth line is found.
+pub fn plugstack_arguments(path: &Path) -> anyhow::Result<Option<Vec<String>>> {
+    use anyhow::Context;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read plugstack file {}", path.display()))?;
+    for line in text.lines() {
+        let words: Vec<&str> = line
+            .split('#')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        match words.as_slice() {
+            ["include", pattern, ..] => {
+                for included in glob_files(Path::new(pattern)) {
+                    if let Some(args) = plugstack_arguments(&included)? {
+                        return Ok(Some(args));
+                    }
+                }
+            }
+            [_, plugin, args @ ..] if plugin.ends_with("spank_berth.so") => {
+                return Ok(Some(args.iter().map(|a| a.to_string()).collect()));
+            }
+            _ => {}
+        }
+    }
+    Ok(None)
+}
+
+/// Files matching `pattern`, whose last component may hold `*` wildcards.
+fn glob_files(pattern: &Path) -> Vec<PathBuf> {
+    let (Some(dir), Some(name)) = (pattern.parent(), pattern.file_name()) else {
+        return Vec::new();
+    };
+    let name = name.to_string_lossy();
+    let parts: Vec<&str> = name.split('*').collect();
+    let matches = |candidate: &str| {
+        if parts.len() == 1 {
+            return candidate == parts[0];
+        }
+        let (first, last) = (parts[0], parts[parts.len() - 1]);
+        if !candidate.starts_with(first) || !candidate.ends_with(last) {
+            return false;
+        }
+        let mut rest = &candidate[first.len()..candidate.len() - last.len()];
+        for middle in &parts[1..parts.len() - 1] {
+            match rest.find(middle) {
+                Some(i) => rest = &rest[i + middle.len()..],
+                None => return false,
+            }
+        }
+        true
+    };
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| matches(&e.file_name().to_string_lossy()))
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .collect();
+    found.sort();
+    found
+}
+
+fn read_trimmed(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+fn kernel_release() -> String {
+    read_trimmed("/proc/sys/kernel/osrelease").unwrap_or_default()
+}
+
+fn kernel_version() -> Finding {
+    let release = kernel_release();
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse::<u32>().ok());
+    let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    // openat2 (5.6), LOOP_CONFIGURE (5.8), mount_setattr (5.12).
+    if (major, minor) >= (5, 12) {
+        Finding::ok("kernel", format!("Linux {release}"))
+    } else {
+        Finding::new(
+            Level::Fail,
+            "kernel",
+            format!("Linux {release} is older than 5.12"),
+            "berth needs openat2, LOOP_CONFIGURE and mount_setattr: boot a 5.12 or newer kernel",
+        )
+    }
+}
+
+fn user_namespaces() -> Finding {
+    let check = "user namespaces";
+    let max = read_trimmed("/proc/sys/user/max_user_namespaces");
+    if max.as_deref() == Some("0") {
+        return Finding::new(
+            Level::Fail,
+            check,
+            "user.max_user_namespaces is 0",
+            "sysctl -w user.max_user_namespaces=65536 (and in /etc/sysctl.d)",
+        );
+    }
+    if read_trimmed("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") {
+        return Finding::new(
+            Level::Warn,
+            check,
+            "kernel.unprivileged_userns_clone is 0: Slurm jobs work, the CLI as an ordinary user does not",
+            "sysctl -w kernel.unprivileged_userns_clone=1 to let users run `berth run`",
+        );
+    }
+    if read_trimmed("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref()
+        == Some("1")
+    {
+        return Finding::new(
+            Level::Warn,
+            check,
+            "AppArmor restricts unprivileged user namespaces: the CLI as an ordinary user may fail",
+            "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0, or an AppArmor profile for berth",
+        );
+    }
+    Finding::ok(
+        check,
+        format!("enabled (max {})", max.unwrap_or_else(|| "?".into())),
+    )
+}
+
+/// Whether the kernel knows filesystem `name` now or has a module for it.
+fn filesystem(check: &str, name: &str, required: bool) -> Finding {
+    let known = std::fs::read_to_string("/proc/filesystems")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().last() == Some(name));
+    if known {
+        return Finding::ok(check, "in the kernel");
+    }
+    let release = kernel_release();
+    let module_listed = std::fs::read_to_string(format!("/lib/modules/{release}/modules.dep"))
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.contains(&format!("/{name}.ko")));
+    if module_listed {
+        return Finding::ok(check, "available as a module (loaded on first mount)");
+    }
+    Finding::new(
+        if required { Level::Fail } else { Level::Warn },
+        check,
+        format!("the kernel has no {name} support"),
+        format!("load or build the {name} module (modprobe {name})"),
+    )
+}
+
+fn fuse_device() -> Finding {
+    let check = "/dev/fuse";
+    match std::fs::metadata("/dev/fuse") {
+        Ok(_) => Finding::ok(
+            check,
+            "present (the CLI of ordinary users mounts with FUSE)",
+        ),
+        Err(e) => Finding::new(
+            Level::Warn,
+            check,
+            format!("missing ({e}): Slurm jobs work, `berth run` as an ordinary user does not"),
+            "modprobe fuse",
+        ),
+    }
+}
+
+fn loop_control() -> Finding {
+    let check = "loop devices";
+    match std::fs::metadata("/dev/loop-control") {
+        Ok(_) => Finding::ok(check, "/dev/loop-control present"),
+        Err(e) => Finding::new(
+            Level::Fail,
+            check,
+            format!("/dev/loop-control: {e}"),
+            "modprobe loop (images are mounted from loop devices)",
+        ),
+    }
+}
+
+/// The first executable named `name` on PATH (or the usual system folders).
+pub fn find_on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let found = path
+        .split(':')
+        .chain(["/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"])
+        .filter(|d| !d.is_empty())
+        .map(|d| Path::new(d).join(name))
+        .find(|p| is_executable(p));
+    found
+}
+
+fn is_executable(path: &Path) -> bool {
+    let Ok(c) = CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a valid NUL-terminated path; access only reads it.
+    path.is_file() && unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0
+}
+
+fn tool(name: &str, package: &str, missing: Level) -> Finding {
+    match find_on_path(name) {
+        Some(path) => Finding::ok(name, path.display().to_string()),
+        None => Finding::new(
+            missing,
+            name,
+            "not found on PATH",
+            format!("apt install {package}"),
+        ),
+    }
+}
+
+fn helper(path: &Path) -> Finding {
+    let check = "helper_path";
+    if is_executable(path) {
+        Finding::ok(check, path.display().to_string())
+    } else {
+        Finding::new(
+            Level::Fail,
+            check,
+            format!("{} is not an executable file", path.display()),
+            "install berth there (make install) or set helper_path= in plugstack.conf",
+        )
+    }
+}
+
+/// The Slurm release the plugin was built for, against slurmd's.
+fn slurm_version() -> Finding {
+    let check = "Slurm version";
+    let built = crate::spank::ffi::SLURM_VERSION_NUMBER;
+    let built_text = format!(
+        "{}.{:02}.{}",
+        (built >> 16) & 0xff,
+        (built >> 8) & 0xff,
+        built & 0xff
+    );
+    let found = Command::new("slurmd")
+        .arg("-V")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let Some(found) = found else {
+        return Finding::new(
+            Level::Warn,
+            check,
+            format!("plugin built for Slurm {built_text}; slurmd not found to compare"),
+            "run berth doctor on a compute node (where slurmd is installed)",
+        );
+    };
+    // "slurm 22.05.8" -> the release (major.minor) must match.
+    let installed = found.split_whitespace().last().unwrap_or("").to_string();
+    let release = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
+    if release(&installed) == release(&built_text) {
+        Finding::ok(
+            check,
+            format!("plugin built for {built_text}, slurmd is {installed}"),
+        )
+    } else {
+        Finding::new(
+            Level::Fail,
+            check,
+            format!("plugin built for Slurm {built_text}, but slurmd is {installed}"),
+            "rebuild berth against this Slurm's headers (libslurm-dev) and reinstall",
+        )
+    }
+}
+
+fn store(path: &Path, min_free: u64) -> Vec<Finding> {
+    use std::os::unix::fs::MetadataExt;
+    let check = "store";
+    let mut findings = Vec::new();
+    let existing = path
+        .ancestors()
+        .find(|p| p.exists())
+        .unwrap_or(Path::new("/"));
+    match std::fs::metadata(path) {
+        Ok(meta) => {
+            let mode = meta.mode() & 0o7777;
+            if meta.uid() != 0 && nix::unistd::geteuid().is_root() {
+                findings.push(Finding::new(
+                    Level::Fail,
+                    check,
+                    format!(
+                        "{} is owned by uid {}, not root",
+                        path.display(),
+                        meta.uid()
+                    ),
+                    format!("chown -R root: {}", path.display()),
+                ));
+            } else if mode & 0o022 != 0 {
+                findings.push(Finding::new(
+                    Level::Fail,
+                    check,
+                    format!(
+                        "{} has mode {mode:04o}: other users can write it",
+                        path.display()
+                    ),
+                    format!("chmod go-w {}", path.display()),
+                ));
+            } else {
+                findings.push(Finding::ok(
+                    check,
+                    format!("{} (mode {mode:04o})", path.display()),
+                ));
+            }
+        }
+        Err(_) => findings.push(Finding::ok(
+            check,
+            format!(
+                "{} does not exist yet; the first pull creates it under {}",
+                path.display(),
+                existing.display()
+            ),
+        )),
+    }
+    match nix::sys::statvfs::statvfs(existing) {
+        Ok(stats) => {
+            let free = stats.blocks_available() as u64 * stats.fragment_size() as u64;
+            let text = crate::store::units::format_size(free);
+            if free < min_free {
+                findings.push(Finding::new(
+                    Level::Warn,
+                    "store space",
+                    format!("{text} free on {}", existing.display()),
+                    format!(
+                        "free space (berth gc --max-size ...) or move store_path; wanted {}",
+                        crate::store::units::format_size(min_free)
+                    ),
+                ));
+            } else {
+                findings.push(Finding::ok(
+                    "store space",
+                    format!("{text} free on {}", existing.display()),
+                ));
+            }
+        }
+        Err(e) => findings.push(Finding::new(
+            Level::Fail,
+            "store space",
+            format!("cannot statvfs {}: {e}", existing.display()),
+            "check store_path",
+        )),
+    }
+    findings
+}
+
+/// GET `/v2/` of `registry`: 200 or 401 means a registry answers.
+fn registry_reachable(registry: &str, insecure: bool) -> Finding {
+    let check = format!("registry {registry}");
+    let scheme = if insecure { "http" } else { "https" };
+    let url = format!("{scheme}://{registry}/v2/");
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(10))
+        .redirects(0)
+        .build();
+    match agent.get(&url).call() {
+        Ok(resp) => Finding::ok(&check, format!("{url} answered {}", resp.status())),
+        Err(ureq::Error::Status(401, _)) => {
+            Finding::ok(&check, format!("{url} answered 401 (asks for a token)"))
+        }
+        Err(ureq::Error::Status(status, _)) => Finding::new(
+            Level::Warn,
+            &check,
+            format!("{url} answered {status}: not a registry API?"),
+            "check the registry name",
+        ),
+        Err(ureq::Error::Transport(t)) => Finding::new(
+            Level::Fail,
+            &check,
+            format!("{url}: {t}"),
+            if insecure {
+                "check the network, proxy variables and the registry address".to_string()
+            } else {
+                "check the network and proxy; for a plain-HTTP registry add it to insecure_registries"
+                    .to_string()
+            },
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn findings_print_the_fix() {
+        let f = Finding::new(Level::Fail, "loop devices", "missing", "modprobe loop");
+        assert_eq!(
+            f.to_string(),
+            "FAIL loop devices: missing\n     fix: modprobe loop"
+        );
+        assert_eq!(
+            Finding::ok("kernel", "Linux 6.1").to_string(),
+            "ok   kernel: Linux 6.1"
+        );
+    }
+
+    #[test]
+    fn store_problems_are_found() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let findings = store(dir.path(), 0);
+        assert_eq!(findings[0].level, Level::Fail, "{findings:?}");
+        assert!(findings[0].fix.contains("chmod go-w"));
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let findings = store(dir.path(), u64::MAX);
+        assert_eq!(findings[0].level, Level::Ok, "{findings:?}");
+        assert_eq!(findings[1].level, Level::Warn, "{findings:?}");
+        let missing = store(&dir.path().join("a/b"), 0);
+        assert_eq!(missing[0].level, Level::Ok);
+        assert!(missing[0].detail.contains("does not exist yet"));
+    }
+
+    #[test]
+    fn plugstack_lines_are_found_through_includes() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("plugstack.conf.d");
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(d.join("other.conf"), "optional /x/spank_other.so a=b\n").unwrap();
+        std::fs::write(
+            d.join("berth.conf"),
+            "# comment\nrequired /usr/lib/slurm/spank_berth.so store_path=/nvme/berth # site\n",
+        )
+        .unwrap();
+        let main = dir.path().join("plugstack.conf");
+        std::fs::write(&main, format!("include {}/*.conf\n", d.display())).unwrap();
+        assert_eq!(
+            plugstack_arguments(&main).unwrap(),
+            Some(vec!["store_path=/nvme/berth".to_string()])
+        );
+        std::fs::write(&main, "required /x/spank_pyxis.so\n").unwrap();
+        assert_eq!(plugstack_arguments(&main).unwrap(), None);
+    }
+
+    #[test]
+    fn unreachable_registry_fails_with_a_fix() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let f = registry_reachable(&format!("127.0.0.1:{port}"), true);
+        assert_eq!(f.level, Level::Fail);
+        assert!(f.fix.contains("network"), "{f}");
+        let f = tool("surely-not-a-tool-berth", "nothing", Level::Fail);
+        assert_eq!(f.level, Level::Fail);
+        assert!(f.fix.contains("apt install nothing"));
+    }
+}
