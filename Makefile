@@ -3,6 +3,7 @@
 #   make                      build (release)
 #   make install              install under PREFIX (default /usr/local)
 #   make install PREFIX=/opt/berth PLUGSTACK_DIR=/etc/slurm/plugstack.conf.d
+#   make deb                  a Debian package in target/debian (packaging/deb.sh)
 #
 # PLUGSTACK_DIR, when set, also receives the drop-in (berth.conf), rewritten
 # for PREFIX. DESTDIR is honoured for packaging.
@@ -15,9 +16,8 @@ PLUGSTACK_DIR ?=
 CARGO         ?= cargo
 TARGET_DIR    ?= target
 
-export BERTH_HELPER_PATH := $(BINDIR)/berth
 
-.PHONY: all build install uninstall test clean
+.PHONY: all build install uninstall deb test clean
 
 all: build
 
@@ -34,6 +34,9 @@ install: build
 		install -d $(DESTDIR)$(PLUGSTACK_DIR) && \
 		install -m 0644 $(DESTDIR)$(DATADIR)/berth.conf $(DESTDIR)$(PLUGSTACK_DIR)/berth.conf; \
 	fi
+
+deb:
+	TARGET_DIR=$(TARGET_DIR) packaging/deb.sh
 
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/berth $(DESTDIR)$(PLUGINDIR)/spank_berth.so $(DESTDIR)$(DATADIR)/berth.conf

@@ -10,7 +10,6 @@ use std::path::PathBuf;
 fn main() {
     println!("cargo:rerun-if-changed=include/spank_wrapper.h");
     println!("cargo:rerun-if-env-changed=SLURM_INCLUDE_DIR");
-    println!("cargo:rerun-if-env-changed=BERTH_HELPER_PATH");
     let mut builder = bindgen::Builder::default()
         .header("include/spank_wrapper.h")
         .allowlist_function("spank_.*")

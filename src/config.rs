@@ -16,12 +16,22 @@ pub const DEFAULT_STORE: &str = "/var/lib/berth";
 /// Default runtime directory for per-container state.
 pub const DEFAULT_RUNTIME_DIR: &str = "/run/berth";
 
-/// The `berth` binary the plugin runs as its helper; the install step sets
-/// `BERTH_HELPER_PATH` at build time to the installed location.
-pub const DEFAULT_HELPER: &str = match option_env!("BERTH_HELPER_PATH") {
-    Some(path) => path,
-    None => "/usr/local/bin/berth",
-};
+/// Where the plugin looks for the `berth` helper when `helper_path` is not
+/// set, first match wins: the Debian package installs /usr/bin/berth,
+/// `make install` /usr/local/bin/berth (and writes `helper_path` into the
+/// drop-in for any other prefix). Found at run time, so one build serves
+/// every install location.
+pub const DEFAULT_HELPERS: &[&str] = &["/usr/bin/berth", "/usr/local/bin/berth"];
+
+/// The first of [`DEFAULT_HELPERS`] that exists (else the last one, so the
+/// error names a path to install to).
+pub fn default_helper() -> PathBuf {
+    DEFAULT_HELPERS
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_HELPERS[DEFAULT_HELPERS.len() - 1]))
+}
 
 /// Effective configuration of one plugin instance or CLI run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,7 +86,7 @@ impl Default for Config {
         Config {
             store_path: PathBuf::from(DEFAULT_STORE),
             runtime_dir: PathBuf::from(DEFAULT_RUNTIME_DIR),
-            helper_path: PathBuf::from(DEFAULT_HELPER),
+            helper_path: default_helper(),
             insecure_registries: Vec::new(),
             execute_entrypoint: false,
             container_scope: "job".to_string(),

@@ -65,5 +65,11 @@ log "unit and integration tests"
 cargo build --release --locked --examples
 cargo test --release --locked --no-fail-fast --lib --bins --test container_runtime --test container_join \
     --test store_cli --test cli --test cluster --test umoci_equivalence --test fuzz_smoke --test security --test doctor -- --test-threads=2
+log "Debian package: two versions, installed and upgraded under a running job (alone: it switches the drop-in)"
+debs=$STATE/debs
+rm -rf "$debs"
+deb1=$(BERTH_DEB_VERSION=0.1.0~ci1 TARGET_DIR="$CARGO_TARGET_DIR" packaging/deb.sh "$debs/1")
+deb2=$(BERTH_DEB_VERSION=0.1.0~ci2 TARGET_DIR="$CARGO_TARGET_DIR" packaging/deb.sh "$debs/2")
+BERTH_TEST_DEBS=$deb1:$deb2 cargo test --release --locked --test package
 log "leftover check (alone, after every other test)"
 cargo test --release --locked --test cluster_leftovers

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Usage: packaging/deb.sh [OUTDIR]     (also: make deb)
+#
+# Builds berth_<version>_<arch>.deb from this checkout with dpkg-deb: the CLI in
+# /usr/bin, the plugin in Slurm's plugin folder (/usr/lib/<multiarch>/slurm-wlm),
+# the plugstack drop-in in /etc/slurm/plugstack.conf.d (a conffile: local edits
+# survive upgrades), the docs in /usr/share/doc/berth. The package depends on
+# the Slurm release whose headers it was built against (the plugin refuses any
+# other release), and has no maintainer scripts: nothing runs at install time.
+#
+# Upgrading under running jobs is safe: dpkg unpacks each file beside the old
+# one and renames it into place, so a slurmstepd that has the old plugin mapped
+# and a running `berth` helper keep their old files; new steps load the new ones.
+#
+# Environment: BERTH_DEB_VERSION (default: Cargo.toml's version),
+# TARGET_DIR (cargo target folder, default target).
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+out=${1:-$repo/target/debian}
+version=${BERTH_DEB_VERSION:-$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/Cargo.toml" | head -1)}
+arch=$(dpkg --print-architecture)
+multiarch=$(gcc -print-multiarch 2>/dev/null || echo "$(uname -m)-linux-gnu")
+plugindir=/usr/lib/$multiarch/slurm-wlm
+number=$(sed -n 's/^#define SLURM_VERSION_NUMBER \(0x[0-9a-fA-F]*\)/\1/p' /usr/include/slurm/slurm_version.h)
+[[ -n $number ]] || { echo "deb.sh: no SLURM_VERSION_NUMBER in /usr/include/slurm/slurm_version.h (install libslurm-dev)" >&2; exit 1; }
+slurm_major=$((number >> 16 & 0xff))
+slurm_minor=$(printf '%02d' $((number >> 8 & 0xff)))
+next_minor=$(printf "%02d" $(((number >> 8 & 0xff) + 1)))
+slurm=$slurm_major.$slurm_minor.$((number & 0xff))
+[[ -n $version && -n $slurm ]] || { echo "deb.sh: cannot read the versions" >&2; exit 1; }
+
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+make -C "$repo" --no-print-directory install DESTDIR="$stage/root" PREFIX=/usr \
+    PLUGINDIR="$plugindir" PLUGSTACK_DIR=/etc/slurm/plugstack.conf.d \
+    TARGET_DIR="${TARGET_DIR:-$repo/target}" >&2
+root=$stage/root
+# Debug info stays in the build tree; the package carries stripped files.
+strip --strip-debug "$root/usr/bin/berth" "$root$plugindir/spank_berth.so"
+install -d "$root/usr/share/doc/berth"
+install -m 0644 "$repo"/README.md "$repo"/docs/*.md "$root/usr/share/doc/berth/"
+install -d "$root/DEBIAN"
+size=$(du -sk "$root/usr" "$root/etc" | awk '{s += $1} END {print s}')
+cat >"$root/DEBIAN/control" <<CONTROL
+Package: berth
+Version: $version
+Architecture: $arch
+Maintainer: berth developers <berth@localhost>
+Installed-Size: $size
+Depends: squashfs-tools-ng, slurm-wlm-basic-plugins (>= $slurm_major.$slurm_minor), slurm-wlm-basic-plugins (<< $slurm_major.$next_minor)
+Recommends: squashfuse, fuse-overlayfs
+Section: admin
+Priority: optional
+Description: run Slurm jobs inside OCI container images
+ berth adds --container-image and the other pyxis options to srun, sbatch and
+ salloc: images are pulled from OCI registries into squashfs files on
+ node-local storage, mounted (never unpacked) and entered with user
+ namespaces. Built for Slurm $slurm.
+CONTROL
+echo /etc/slurm/plugstack.conf.d/berth.conf >"$root/DEBIAN/conffiles"
+mkdir -p "$out"
+deb="$out/berth_${version}_${arch}.deb"
+dpkg-deb --root-owner-group --build "$root" "$deb" >&2
+echo "$deb"
