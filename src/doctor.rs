@@ -438,7 +438,7 @@ fn store(path: &Path, min_free: u64) -> Vec<Finding> {
     }
     match nix::sys::statvfs::statvfs(existing) {
         Ok(stats) => {
-            let free = stats.blocks_available() as u64 * stats.fragment_size() as u64;
+            let free = stats.blocks_available() * stats.fragment_size();
             let text = crate::store::units::format_size(free);
             if free < min_free {
                 findings.push(Finding::new(
