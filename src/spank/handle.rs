@@ -288,8 +288,13 @@ pub fn set_log_level(level: LogLevel) {
     LOG_LEVEL.store(level as u8, Ordering::Relaxed);
 }
 
+/// Whether a message at `level` passes the configured `log_level`.
+fn enabled(level: LogLevel, configured: u8) -> bool {
+    level as u8 <= configured
+}
+
 fn log_at(level: LogLevel, message: &str) {
-    if level as u8 > LOG_LEVEL.load(Ordering::Relaxed) {
+    if !enabled(level, LOG_LEVEL.load(Ordering::Relaxed)) {
         return;
     }
     let message = to_c_message(&format!("berth: {message}"));
@@ -312,4 +317,20 @@ pub fn log_verbose(message: &str) {
 /// Logs at berth's debug level (details).
 pub fn log_debug(message: &str) {
     log_at(LogLevel::Debug, message);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_level_lets_through_its_level_and_below() {
+        let info = LogLevel::Info as u8;
+        assert!(enabled(LogLevel::Error, info));
+        assert!(enabled(LogLevel::Info, info));
+        assert!(!enabled(LogLevel::Verbose, info));
+        assert!(!enabled(LogLevel::Debug, info));
+        assert!(enabled(LogLevel::Debug, LogLevel::Debug as u8));
+        assert!(!enabled(LogLevel::Info, LogLevel::Error as u8));
+    }
 }

@@ -148,7 +148,7 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
         Some(list) => env_names(list).map_err(|e| format!("--container-env={list}: {e}"))?,
         None => Vec::new(),
     };
-    if options.entrypoint.unwrap_or(config.execute_entrypoint) {
+    if runs_entrypoint(&options, config) {
         spec.entrypoint = entrypoint_run(&stored.config, &job_env, &keep_job_env);
     }
     // spawn_holder takes root for the mounts and the id maps itself.
@@ -212,6 +212,12 @@ pub fn task_init(spank: &Spank) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Whether the image ENTRYPOINT runs: `--[no-]container-entrypoint` (or its
+/// variables), else the plugstack's `execute_entrypoint`.
+fn runs_entrypoint(options: &JobOptions, config: &Config) -> bool {
+    options.entrypoint.unwrap_or(config.execute_entrypoint)
 }
 
 /// The image ENTRYPOINT to run at container start, with the environment a
@@ -331,6 +337,71 @@ fn pull(config: &Config, store: &Path, image: &str) -> Result<StoredImage, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn entrypoint_follows_the_option_then_the_plugstack() {
+        let mut config = Config::default();
+        let mut options = JobOptions::default();
+        assert!(!runs_entrypoint(&options, &config), "pyxis default: off");
+        config.execute_entrypoint = true;
+        assert!(runs_entrypoint(&options, &config));
+        options.entrypoint = Some(false);
+        assert!(!runs_entrypoint(&options, &config));
+        config.execute_entrypoint = false;
+        options.entrypoint = Some(true);
+        assert!(runs_entrypoint(&options, &config));
+    }
+
+    #[test]
+    fn entrypoint_starts_with_the_task_environment() {
+        let image = ImageConfig {
+            entrypoint: Some(vec!["/init".into()]),
+            env: vec!["PATH=/image/bin".into(), "LANG=C".into()],
+            ..ImageConfig::default()
+        };
+        let job = vec![
+            "PATH=/job/bin".to_string(),
+            "LANG=de_DE".to_string(),
+            "SLURM_JOB_ID=7".to_string(),
+        ];
+        let run = entrypoint_run(&image, &job, &["LANG".to_string()]).unwrap();
+        assert_eq!(run.command, vec!["/init".to_string()]);
+        let value = |name: &str| {
+            run.env
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(value("PATH"), Some("/image/bin"), "the image's Env wins");
+        assert_eq!(
+            value("LANG"),
+            Some("de_DE"),
+            "--container-env keeps the job's"
+        );
+        assert_eq!(value("SLURM_JOB_ID"), Some("7"));
+        let none = ImageConfig {
+            entrypoint: Some(Vec::new()),
+            ..ImageConfig::default()
+        };
+        assert!(entrypoint_run(&none, &job, &[]).is_none());
+        assert!(entrypoint_run(&ImageConfig::default(), &job, &[]).is_none());
+    }
+
+    #[test]
+    fn batch_step_needs_sbatch_support() {
+        let options = JobOptions {
+            image: Some("busybox".into()),
+            ..Default::default()
+        };
+        let mut config = Config::default();
+        assert!(wants_container(0, &options, &config));
+        assert!(wants_container(ffi::SLURM_BATCH_SCRIPT, &options, &config));
+        assert!(!wants_container(ffi::SLURM_EXTERN_CONT, &options, &config));
+        config.sbatch_support = false;
+        assert!(!wants_container(ffi::SLURM_BATCH_SCRIPT, &options, &config));
+        assert!(wants_container(3, &options, &config));
+        assert!(!wants_container(3, &JobOptions::default(), &config));
+    }
 
     #[test]
     fn pmi_binds_keep_existing_dirs_outside_tmp() {
