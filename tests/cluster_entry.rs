@@ -307,7 +307,7 @@ fn srun_in_a_containerized_batch_script_inherits_or_overrides() {
         panic!("this test binds the host's Slurm client from {slurm_lib} and {munge_lib}");
     }
     let mounts = [
-        format!("/usr/bin/srun:/usr/bin/srun:ro"),
+        "/usr/bin/srun:/usr/bin/srun:ro".to_string(),
         format!("{slurm_lib}:{slurm_lib}:ro"),
         format!("{munge_lib}:{munge_lib}:ro"),
         "/run/munge:/run/munge".to_string(),

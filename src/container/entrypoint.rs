@@ -93,7 +93,7 @@ pub fn run_at_start(run: &EntrypointRun, remap_root: bool) -> anyhow::Result<Ent
         // SAFETY: the closure makes one raw syscall (seccomp); the holder is
         // single-threaded.
         unsafe {
-            command.pre_exec(|| crate::container::seccomp::install_remap_root_filter());
+            command.pre_exec(crate::container::seccomp::install_remap_root_filter);
         }
     }
     let shown = run.command.join(" ");
