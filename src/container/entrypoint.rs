@@ -69,6 +69,14 @@ pub struct EntrypointOutcome {
 /// Fails when the entrypoint exits before running its arguments, or takes
 /// longer than [`START_TIMEOUT`]; the error carries the entrypoint's output.
 pub fn run_at_start(run: &EntrypointRun, remap_root: bool) -> anyhow::Result<EntrypointOutcome> {
+    run_with_timeout(run, remap_root, START_TIMEOUT)
+}
+
+fn run_with_timeout(
+    run: &EntrypointRun,
+    remap_root: bool,
+    timeout: Duration,
+) -> anyhow::Result<EntrypointOutcome> {
     let Some(program) = run.command.first() else {
         bail!("the image ENTRYPOINT is empty");
     };
@@ -101,7 +109,7 @@ pub fn run_at_start(run: &EntrypointRun, remap_root: bool) -> anyhow::Result<Ent
         .spawn()
         .with_context(|| format!("cannot start the image ENTRYPOINT '{shown}'"))?;
     let pid = Pid::from_raw(child.id() as i32);
-    let stopped = wait_until_stopped(pid);
+    let stopped = wait_until_stopped(pid, timeout);
     let output = read_log(log);
     let failure = |reason: String| {
         let _ = killpg(pid, Signal::SIGKILL);
@@ -135,8 +143,8 @@ pub fn run_at_start(run: &EntrypointRun, remap_root: bool) -> anyhow::Result<Ent
 }
 
 /// Waits for `pid` to stop (`None`), or says why it will not.
-fn wait_until_stopped(pid: Pid) -> anyhow::Result<Option<String>> {
-    let deadline = Instant::now() + START_TIMEOUT;
+fn wait_until_stopped(pid: Pid, timeout: Duration) -> anyhow::Result<Option<String>> {
+    let deadline = Instant::now() + timeout;
     loop {
         match waitpid(pid, Some(WaitPidFlag::WUNTRACED | WaitPidFlag::WNOHANG))? {
             WaitStatus::Stopped(..) => return Ok(None),
@@ -154,7 +162,7 @@ fn wait_until_stopped(pid: Pid) -> anyhow::Result<Option<String>> {
             _ if Instant::now() > deadline => {
                 return Ok(Some(format!(
                     "did not run its arguments within {} s (it must end with exec \"$@\")",
-                    START_TIMEOUT.as_secs()
+                    timeout.as_secs()
                 )))
             }
             _ => std::thread::sleep(Duration::from_millis(5)),
@@ -262,6 +270,64 @@ mod tests {
         assert_eq!(
             command_with_entrypoint(&config, &[]),
             strings(&["/init.sh", "bash", "-l"])
+        );
+    }
+
+    /// Runs `script` as a `/bin/sh -c` entrypoint on the host.
+    fn run_script(script: &str, timeout: Duration) -> anyhow::Result<EntrypointOutcome> {
+        let run = EntrypointRun {
+            command: strings(&["/bin/sh", "-c", script, "entrypoint"]),
+            env: vec![
+                ("PATH".to_string(), "/usr/bin:/bin".to_string()),
+                ("KEEP".to_string(), "1".to_string()),
+                ("DROP".to_string(), "1".to_string()),
+            ],
+        };
+        run_with_timeout(&run, false, timeout)
+    }
+
+    #[test]
+    fn entrypoint_changes_and_output_are_kept() {
+        let outcome = run_script(
+            "echo to-stdout; echo to-stderr >&2; export ADDED=yes KEEP=2; unset DROP; exec \"$@\"",
+            START_TIMEOUT,
+        )
+        .unwrap();
+        let mut set = outcome.set.clone();
+        set.sort();
+        assert_eq!(
+            set,
+            vec![
+                ("ADDED".to_string(), "yes".to_string()),
+                ("KEEP".to_string(), "2".to_string()),
+            ]
+        );
+        assert_eq!(outcome.unset, vec!["DROP".to_string()]);
+        assert!(outcome.log.contains("to-stdout\n"), "{}", outcome.log);
+        assert!(outcome.log.contains("to-stderr\n"), "{}", outcome.log);
+    }
+
+    #[test]
+    fn entrypoint_failures_name_the_reason_and_show_the_output() {
+        let err = run_script("echo broken >&2; exit 3", START_TIMEOUT)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("failed with exit code 3"), "{err}");
+        assert!(err.contains("its output:\nbroken"), "{err}");
+        assert!(err.contains("--no-container-entrypoint"), "{err}");
+        let err = run_script("true", START_TIMEOUT).unwrap_err().to_string();
+        assert!(
+            err.contains("exited without running its arguments"),
+            "{err}"
+        );
+        assert!(err.contains("it printed nothing"), "{err}");
+        // Runs its arguments without exec: the stop shell is a grandchild.
+        let err = run_script("\"$@\"; sleep 30", Duration::from_secs(1))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("did not run its arguments within 1 s"),
+            "{err}"
         );
     }
 
