@@ -50,6 +50,39 @@ pub struct Config {
     pub container_scope: String,
     /// Whether `#SBATCH --container-*` applies to the batch script (pyxis: `sbatch_support`).
     pub sbatch_support: bool,
+    /// How much the plugin writes to slurmd's log.
+    pub log_level: LogLevel,
+}
+
+/// How much the plugin logs (`log_level`). Each level includes the ones
+/// before it; the plugin writes its messages at Slurm's info level, so they
+/// reach slurmd's log with the default `SlurmdDebug=info`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    /// Errors only.
+    Error,
+    /// Errors, and one line per container (image, digest, setup time).
+    Info,
+    /// Also each stage: pull, container setup, entrypoint.
+    Verbose,
+    /// Also the details: options, mounts, environment changes.
+    Debug,
+}
+
+impl LogLevel {
+    /// The names `log_level` accepts, in order.
+    pub const NAMES: [&'static str; 4] = ["error", "info", "verbose", "debug"];
+
+    /// Parses a `log_level` value.
+    pub fn parse(value: &str) -> Option<LogLevel> {
+        match value.to_ascii_lowercase().as_str() {
+            "error" => Some(LogLevel::Error),
+            "info" => Some(LogLevel::Info),
+            "verbose" => Some(LogLevel::Verbose),
+            "debug" => Some(LogLevel::Debug),
+            _ => None,
+        }
+    }
 }
 
 /// A configuration line or value that could not be used.
@@ -79,6 +112,7 @@ pub const KEYS: &[&str] = &[
     "execute_entrypoint",
     "container_scope",
     "sbatch_support",
+    "log_level",
 ];
 
 impl Default for Config {
@@ -91,6 +125,7 @@ impl Default for Config {
             execute_entrypoint: false,
             container_scope: "job".to_string(),
             sbatch_support: true,
+            log_level: LogLevel::Info,
         }
     }
 }
@@ -214,6 +249,14 @@ impl Config {
                     err(format!("{key}={value}: expected 1/0, true/false, yes/no"))
                 })?
             }
+            "log_level" => {
+                self.log_level = LogLevel::parse(value).ok_or_else(|| {
+                    err(format!(
+                        "{key}={value}: expected one of {}",
+                        LogLevel::NAMES.join(", ")
+                    ))
+                })?
+            }
             "container_scope" => match value {
                 "job" | "global" => self.container_scope = value.to_string(),
                 _ => return Err(err(format!("{key}={value}: expected `job` or `global`"))),
@@ -294,6 +337,13 @@ mod tests {
         assert_eq!(config.store_path, PathBuf::from("/nvme/berth"));
         assert_eq!(config.insecure_registries, vec!["b:1", "c"]);
         assert!(config.execute_entrypoint);
+        assert_eq!(config.log_level, LogLevel::Info);
+        assert!(config.sbatch_support);
+        let config =
+            Config::from_plugstack_args(&args(&["log_level=DEBUG", "sbatch_support=0"])).unwrap();
+        assert_eq!(config.log_level, LogLevel::Debug);
+        assert!(!config.sbatch_support);
+        assert!(LogLevel::Error < LogLevel::Info && LogLevel::Verbose < LogLevel::Debug);
     }
 
     #[test]
@@ -307,6 +357,12 @@ mod tests {
         let e =
             Config::from_plugstack_args(&args(&["config=/nonexistent/berth.conf"])).unwrap_err();
         assert!(e.to_string().contains("cannot read"), "{e}");
+        let e = Config::from_plugstack_args(&args(&["log_level=loud"])).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("log_level=loud: expected one of error, info, verbose, debug"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -58,13 +58,14 @@ export BERTH_PLUGSTACK_LINE="required $PREFIX/lib/slurm/spank_berth.so helper_pa
 tests/harness/cluster.sh up
 tests/harness/images.sh build
 tests/harness/images.sh push
+tests/harness/entrypoint-images.sh
 
 export BERTH_TEST_ENV=/run/$BERTH_TEST_NAME/env
 export BERTH_REQUIRE_CLUSTER=1
 log "unit and integration tests"
 cargo build --release --locked --examples
 cargo test --release --locked --no-fail-fast --lib --bins --test container_runtime --test container_join \
-    --test store_cli --test cli --test cluster --test umoci_equivalence --test fuzz_smoke --test security --test doctor -- --test-threads=2
+    --test store_cli --test cli --test cluster --test cluster_entry --test umoci_equivalence --test fuzz_smoke --test security --test doctor -- --test-threads=2
 log "Debian package: two versions, installed and upgraded under a running job (alone: it switches the drop-in)"
 debs=$STATE/debs
 rm -rf "$debs"

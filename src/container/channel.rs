@@ -10,6 +10,7 @@ use anyhow::{bail, Context};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::container::entrypoint::EntrypointOutcome;
 use crate::container::spec::{ContainerSpec, Mode};
 
 /// Messages from the caller to the holder, in the order they are sent.
@@ -43,6 +44,8 @@ pub enum FromHolder {
         /// FUSE daemons serving the container (unprivileged mode); the caller
         /// stops them when it is done with the container.
         fuse_pids: Vec<i32>,
+        /// What the image ENTRYPOINT left, when the spec asked to run it.
+        entrypoint: Option<EntrypointOutcome>,
     },
     /// Setup failed; `error` names the failing step and path.
     Failed {

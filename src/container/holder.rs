@@ -14,7 +14,8 @@
 //!    kernel checks the user's permissions), then pivot_root, then the root
 //!    made read-only unless the container is writable (the overlay stays, so
 //!    `/etc/passwd` and mount points could be written before); `Ready`, wait
-//!    for `Release`, exit.
+//!    for `Release`, exit. With `spec.entrypoint`, the image ENTRYPOINT runs
+//!    first, in the finished container (see [`crate::container::entrypoint`]).
 //!
 //! Unprivileged mode (the holder is the user): user and mount namespace first
 //! (self maps), then `squashfuse` and `fuse-overlayfs` instead of the loop
@@ -37,6 +38,7 @@ use nix::sys::stat::{fstat, umask, Mode as FileMode, SFlag};
 
 use crate::container::channel::{Channel, FromHolder, ToHolder};
 use crate::container::creds;
+use crate::container::entrypoint;
 use crate::container::etcfiles::{group_content, passwd_content};
 use crate::container::fuse::{self, FuseMount};
 use crate::container::loopdev::LoopDevice;
@@ -252,9 +254,17 @@ fn finish(
              with --container-workdir"
         );
     }
+    let entrypoint = match &spec.entrypoint {
+        Some(run) => Some(
+            entrypoint::run_at_start(run, spec.remap_root)
+                .context("running the image ENTRYPOINT")?,
+        ),
+        None => None,
+    };
     channel.send(&FromHolder::Ready {
         pid: std::process::id() as i32,
         fuse_pids: daemons.iter().map(FuseMount::pid).collect(),
+        entrypoint,
     })?;
     expect(channel, ToHolder::Release)?;
     for daemon in daemons {

@@ -15,7 +15,7 @@ use nix::errno::Errno;
 use nix::sched::{setns, CloneFlags};
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 
-use crate::container::entrypoint::command_with_entrypoint;
+use crate::container::entrypoint::{command_with_entrypoint, EntrypointOutcome};
 use crate::container::env::task_env;
 use crate::container::fuse::{self, Daemon};
 use crate::container::spec::{ContainerSpec, Namespace, UserIdentity};
@@ -45,6 +45,8 @@ pub struct Container {
     daemons: Vec<Daemon>,
     /// The process that owns the daemons; forked copies must not stop them.
     owner_pid: u32,
+    /// What the image ENTRYPOINT left at creation, when it ran.
+    entrypoint: Option<EntrypointOutcome>,
 }
 
 /// The step of entering a container that failed.
@@ -99,7 +101,19 @@ impl Container {
             user: spec.user.clone(),
             daemons,
             owner_pid: std::process::id(),
+            entrypoint: None,
         }
+    }
+
+    pub(crate) fn set_entrypoint_outcome(&mut self, outcome: Option<EntrypointOutcome>) {
+        self.entrypoint = outcome;
+    }
+
+    /// What the image ENTRYPOINT left when it ran at creation
+    /// ([`ContainerSpec::entrypoint`]): environment changes for every task,
+    /// and its output.
+    pub fn entrypoint_outcome(&self) -> Option<&EntrypointOutcome> {
+        self.entrypoint.as_ref()
     }
 
     /// The directory tasks start in.

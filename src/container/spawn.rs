@@ -103,7 +103,11 @@ fn drive(
                 write_id_maps(pid, &spec.user, mode, spec.remap_root)?;
                 channel.send(&ToHolder::MapsWritten)?;
             }
-            FromHolder::Ready { fuse_pids, .. } => {
+            FromHolder::Ready {
+                fuse_pids,
+                entrypoint,
+                ..
+            } => {
                 let user_ns = open_namespace(pid, "user")?;
                 let mount_ns = open_namespace(pid, "mnt")?;
                 let namespaces = own_namespaces(spec)
@@ -118,7 +122,8 @@ fn drive(
                         })
                     })
                     .collect::<anyhow::Result<Vec<_>>>()?;
-                let container = Container::new(user_ns, mount_ns, namespaces, spec, daemons);
+                let mut container = Container::new(user_ns, mount_ns, namespaces, spec, daemons);
+                container.set_entrypoint_outcome(entrypoint);
                 channel.send(&ToHolder::Release)?;
                 return Ok(container);
             }

@@ -11,6 +11,7 @@ use anyhow::Context;
 use nix::unistd::{Gid, Group, Uid, User};
 use serde::{Deserialize, Serialize};
 
+use crate::container::entrypoint::EntrypointRun;
 use crate::image::ImageConfig;
 
 pub use crate::container::usermount::{
@@ -52,6 +53,10 @@ pub struct ContainerSpec {
     /// without any privilege on the host.
     #[serde(default)]
     pub remap_root: bool,
+    /// The image ENTRYPOINT to run once when the container is created
+    /// (`--container-entrypoint` of the Slurm plugin); `None` runs nothing.
+    #[serde(default)]
+    pub entrypoint: Option<EntrypointRun>,
 }
 
 fn default_writable() -> bool {
@@ -114,6 +119,7 @@ impl ContainerSpec {
             mount_home: false,
             unshare: Vec::new(),
             remap_root: false,
+            entrypoint: None,
         }
     }
 

@@ -2,7 +2,10 @@
 
 use std::ffi::{c_char, c_int, CStr, CString};
 
+use std::sync::atomic::{AtomicU8, Ordering};
+
 use super::ffi;
+use crate::config::LogLevel;
 
 /// Where the plugin is running, as Slurm reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,6 +173,39 @@ impl Spank {
         Ok(out)
     }
 
+    /// The step's command line (remote context): for the batch step, the
+    /// path of the batch script and its arguments.
+    pub fn job_argv(&self) -> Result<Vec<String>, SpankError> {
+        let mut argc: c_int = 0;
+        let mut argv: *mut *mut c_char = std::ptr::null_mut();
+        // SAFETY: S_JOB_ARGV takes (int *, char ***); the array is owned by
+        // Slurm and copied here before returning.
+        let rc = unsafe {
+            ffi::spank_get_item(
+                self.0,
+                ffi::spank_item::S_JOB_ARGV,
+                &mut argc as *mut c_int,
+                &mut argv as *mut *mut *mut c_char,
+            )
+        };
+        check(rc, "the step's command line")?;
+        if argv.is_null() {
+            return Ok(Vec::new());
+        }
+        Ok((0..argc.max(0) as usize)
+            .filter_map(|i| {
+                // SAFETY: Slurm returned `argc` entries at `argv`.
+                let arg = unsafe { *argv.add(i) };
+                // SAFETY: non-null entries are NUL-terminated strings.
+                (!arg.is_null()).then(|| {
+                    unsafe { CStr::from_ptr(arg) }
+                        .to_string_lossy()
+                        .into_owned()
+                })
+            })
+            .collect())
+    }
+
     /// Reads a variable of the job environment (remote) or the process (local).
     pub fn getenv(&self, name: &str) -> Option<String> {
         let name = CString::new(name).ok()?;
@@ -205,6 +241,18 @@ impl Spank {
         check(rc, &what)
     }
 
+    /// Removes a variable from the task environment (absent is fine).
+    pub fn unsetenv(&self, name: &str) -> Result<(), SpankError> {
+        let what = format!("removing {name} from the task environment");
+        let c_name = CString::new(name).map_err(|_| SpankError {
+            what: what.clone(),
+            reason: "name contains a NUL byte".into(),
+        })?;
+        // SAFETY: a valid NUL-terminated string for the duration of the call.
+        let rc = unsafe { ffi::spank_unsetenv(self.0, c_name.as_ptr()) };
+        check(rc, &what)
+    }
+
     /// Registers one option with Slurm.
     pub fn register_option(&self, option: &mut ffi::spank_option) -> Result<(), SpankError> {
         // SAFETY: the option's strings are 'static and Slurm copies the struct.
@@ -224,23 +272,65 @@ pub fn log_error(message: &str) {
     unsafe { ffi::slurm_error(c"%s".as_ptr(), message.as_ptr()) }
 }
 
-/// Logs at info level through Slurm.
-pub fn log_info(message: &str) {
+/// Shows a message to the user (srun's or the batch job's standard error) at
+/// error level but without the `error:` prefix (Slurm's `slurm_spank_log`).
+pub fn log_user(message: &str) {
     let message = to_c_message(&format!("berth: {message}"));
+    // SAFETY: a "%s" format with one valid C string argument.
+    unsafe { ffi::slurm_spank_log(c"%s".as_ptr(), message.as_ptr()) }
+}
+
+/// The plugin's `log_level`, as a number (see [`LogLevel`]).
+static LOG_LEVEL: AtomicU8 = AtomicU8::new(LogLevel::Info as u8);
+
+/// Sets how much the plugin logs from now on (`log_level`).
+pub fn set_log_level(level: LogLevel) {
+    LOG_LEVEL.store(level as u8, Ordering::Relaxed);
+}
+
+/// Whether a message at `level` passes the configured `log_level`.
+fn enabled(level: LogLevel, configured: u8) -> bool {
+    level as u8 <= configured
+}
+
+fn log_at(level: LogLevel, message: &str) {
+    if !enabled(level, LOG_LEVEL.load(Ordering::Relaxed)) {
+        return;
+    }
+    let message = to_c_message(&format!("berth: {message}"));
+    // Written at Slurm's info level, so that the plugin's own `log_level`
+    // decides, whatever SlurmdDebug says (from info up).
     // SAFETY: a "%s" format with one valid C string argument.
     unsafe { ffi::slurm_info(c"%s".as_ptr(), message.as_ptr()) }
 }
 
-/// Logs at verbose level (`srun -v`) through Slurm.
-pub fn log_verbose(message: &str) {
-    let message = to_c_message(&format!("berth: {message}"));
-    // SAFETY: a "%s" format with one valid C string argument.
-    unsafe { ffi::slurm_verbose(c"%s".as_ptr(), message.as_ptr()) }
+/// Logs at berth's info level (one line per container).
+pub fn log_info(message: &str) {
+    log_at(LogLevel::Info, message);
 }
 
-/// Logs at debug level through Slurm.
+/// Logs at berth's verbose level (each stage).
+pub fn log_verbose(message: &str) {
+    log_at(LogLevel::Verbose, message);
+}
+
+/// Logs at berth's debug level (details).
 pub fn log_debug(message: &str) {
-    let message = to_c_message(&format!("berth: {message}"));
-    // SAFETY: a "%s" format with one valid C string argument.
-    unsafe { ffi::slurm_debug(c"%s".as_ptr(), message.as_ptr()) }
+    log_at(LogLevel::Debug, message);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_level_lets_through_its_level_and_below() {
+        let info = LogLevel::Info as u8;
+        assert!(enabled(LogLevel::Error, info));
+        assert!(enabled(LogLevel::Info, info));
+        assert!(!enabled(LogLevel::Verbose, info));
+        assert!(!enabled(LogLevel::Debug, info));
+        assert!(enabled(LogLevel::Debug, LogLevel::Debug as u8));
+        assert!(!enabled(LogLevel::Info, LogLevel::Error as u8));
+    }
 }

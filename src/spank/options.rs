@@ -32,6 +32,11 @@ pub struct JobOptions {
     pub mount_home: Option<bool>,
     /// `--[no-]container-remap-root`
     pub remap_root: Option<bool>,
+    /// `--[no-]container-entrypoint`; `None`: the plugstack default
+    /// (`execute_entrypoint`).
+    pub entrypoint: Option<bool>,
+    /// `--container-entrypoint-log`: show the entrypoint's output.
+    pub entrypoint_log: Option<bool>,
 }
 
 impl JobOptions {
@@ -54,6 +59,8 @@ impl JobOptions {
             Setting::Writable(value) => self.writable == Some(value),
             Setting::MountHome(value) => self.mount_home == Some(value),
             Setting::RemapRoot(value) => self.remap_root == Some(value),
+            Setting::Entrypoint(value) => self.entrypoint == Some(value),
+            Setting::EntrypointLog => self.entrypoint_log == Some(true),
         }
     }
 
@@ -62,6 +69,7 @@ impl JobOptions {
             Setting::Writable(_) => self.writable.is_none(),
             Setting::MountHome(_) => self.mount_home.is_none(),
             Setting::RemapRoot(_) => self.remap_root.is_none(),
+            Setting::Entrypoint(_) => self.entrypoint.is_none(),
             other => !self.is_set(other),
         }
     }
@@ -76,6 +84,8 @@ impl JobOptions {
             Setting::Writable(v) => self.writable = Some(v),
             Setting::MountHome(v) => self.mount_home = Some(v),
             Setting::RemapRoot(v) => self.remap_root = Some(v),
+            Setting::Entrypoint(v) => self.entrypoint = Some(v),
+            Setting::EntrypointLog => self.entrypoint_log = Some(true),
         }
     }
 }
@@ -91,6 +101,8 @@ enum Setting {
     Writable(bool),
     MountHome(bool),
     RemapRoot(bool),
+    Entrypoint(bool),
+    EntrypointLog,
 }
 
 /// One row of the option table; Slurm's `val` for it is its index plus one.
@@ -197,6 +209,30 @@ const TABLE: &[OptionDef] = &[
         usage: c"[berth] keep your own uid inside (the default)",
         env_suffix: None,
     },
+    OptionDef {
+        setting: Setting::Entrypoint(true),
+        name: c"container-entrypoint",
+        display_name: "--container-entrypoint",
+        arginfo: None,
+        usage: c"[berth] run the image ENTRYPOINT once when the container starts; tasks get the environment it sets",
+        env_suffix: Some("ENTRYPOINT"),
+    },
+    OptionDef {
+        setting: Setting::Entrypoint(false),
+        name: c"no-container-entrypoint",
+        display_name: "--no-container-entrypoint",
+        arginfo: None,
+        usage: c"[berth] do not run the image ENTRYPOINT",
+        env_suffix: None,
+    },
+    OptionDef {
+        setting: Setting::EntrypointLog,
+        name: c"container-entrypoint-log",
+        display_name: "--container-entrypoint-log",
+        arginfo: None,
+        usage: c"[berth] show the output of the image ENTRYPOINT (hidden otherwise)",
+        env_suffix: Some("ENTRYPOINT_LOG"),
+    },
 ];
 
 static VALUES: Mutex<JobOptions> = Mutex::new(JobOptions {
@@ -208,6 +244,8 @@ static VALUES: Mutex<JobOptions> = Mutex::new(JobOptions {
     writable: None,
     mount_home: None,
     remap_root: None,
+    entrypoint: None,
+    entrypoint_log: None,
 });
 
 /// Prefixes of the variables that stand in for options missing from the
@@ -277,6 +315,7 @@ pub fn apply_env_defaults(getenv: impl Fn(&str) -> Option<String>) -> Result<(),
             (setting, true) => values.set(setting, String::new()),
             (Setting::MountHome(_), false) => values.mount_home = Some(false),
             (Setting::RemapRoot(_), false) => values.remap_root = Some(false),
+            (Setting::Entrypoint(_), false) => values.entrypoint = Some(false),
             _ => {}
         }
     }
@@ -427,6 +466,27 @@ mod tests {
         let e = apply_env_defaults(|n| (n == "BERTH_CONTAINER_REMAP_ROOT").then(|| "maybe".into()))
             .unwrap_err();
         assert!(e.contains("BERTH_CONTAINER_REMAP_ROOT=maybe"), "{e}");
+        reset();
+        let entrypoint = |value: &'static str| {
+            move |n: &str| match n {
+                "PYXIS_CONTAINER_ENTRYPOINT" => Some(value.to_string()),
+                "PYXIS_CONTAINER_ENTRYPOINT_LOG" => Some("y".to_string()),
+                _ => None,
+            }
+        };
+        apply_env_defaults(entrypoint("no")).unwrap();
+        assert_eq!(current().entrypoint, Some(false));
+        assert_eq!(current().entrypoint_log, Some(true));
+        reset();
+        apply_env_defaults(entrypoint("TRUE")).unwrap();
+        assert_eq!(current().entrypoint, Some(true));
+        reset();
+        VALUES
+            .lock()
+            .unwrap()
+            .set(Setting::Entrypoint(false), String::new());
+        apply_env_defaults(entrypoint("1")).unwrap();
+        assert_eq!(current().entrypoint, Some(false), "the command line wins");
         reset();
     }
 

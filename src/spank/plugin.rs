@@ -79,11 +79,17 @@ fn plugin_args(argc: c_int, argv: *mut *mut c_char) -> Vec<String> {
 pub extern "C" fn slurm_spank_init(sp: ffi::spank_t, argc: c_int, argv: *mut *mut c_char) -> c_int {
     guard("slurm_spank_init", || {
         let args = plugin_args(argc, argv);
-        let config = Config::from_plugstack_args(&args).map_err(|e| e.to_string())?;
-        let _ = CONFIG.set(config);
+        let parsed = Config::from_plugstack_args(&args).map_err(|e| e.to_string())?;
+        handle::set_log_level(parsed.log_level);
+        let _ = CONFIG.set(parsed);
         let spank = Spank::from_raw(sp);
         match handle::context() {
-            Context::Local | Context::Remote | Context::Allocator => {
+            Context::Local | Context::Remote => {
+                options::register_all(&spank).map_err(|e| e.to_string())
+            }
+            // pyxis: without sbatch support, sbatch and salloc do not know
+            // the options (and say so: "unrecognized option").
+            Context::Allocator if config().sbatch_support => {
                 options::register_all(&spank).map_err(|e| e.to_string())
             }
             _ => Ok(()),
@@ -101,6 +107,7 @@ pub extern "C" fn slurm_spank_init_post_opt(
     guard("slurm_spank_init_post_opt", || {
         let spank = Spank::from_raw(sp);
         match handle::context() {
+            Context::Allocator if !config().sbatch_support => Ok(()),
             Context::Local | Context::Allocator => {
                 options::apply_env_defaults(|name| std::env::var(name).ok())?;
                 local::check_options(&options::current())

@@ -16,8 +16,10 @@ use super::ffi;
 use super::handle::{self, Spank};
 use super::options::{self, env_names, JobOptions};
 use crate::config::Config;
+use crate::container::entrypoint::EntrypointRun;
 use crate::container::spec::{parse_mounts, ContainerSpec, MountSpec, Namespace, UserIdentity};
-use crate::container::{spawn_holder, Container, Mode};
+use crate::container::{spawn_holder, task_env, Container, Mode};
+use crate::image::ImageConfig;
 use crate::privilege::with_root;
 use crate::store::{ImageHold, Store, StoredImage};
 
@@ -47,14 +49,29 @@ const PMI_DIR_VARIABLES: &[&str] = &[
     "TMPDIR",
 ];
 
-/// Whether this step runs in a container (never the extern step; the batch
-/// step comes with sbatch support).
-fn wants_container(spank: &Spank, options: &JobOptions) -> Result<bool, String> {
-    if options.image.is_none() {
-        return Ok(false);
-    }
-    let step = spank.step_id().map_err(|e| e.to_string())?;
-    Ok(step != ffi::SLURM_EXTERN_CONT && step != ffi::SLURM_BATCH_SCRIPT)
+/// Whether a step runs in a container: never the extern step; the batch
+/// step only with sbatch support (`sbatch_support`, on by default).
+fn wants_container(step: u32, options: &JobOptions, config: &Config) -> bool {
+    options.image.is_some()
+        && step != ffi::SLURM_EXTERN_CONT
+        && (step != ffi::SLURM_BATCH_SCRIPT || config.sbatch_support)
+}
+
+/// The batch script, bound read-only at its own path so that the batch step
+/// can run it inside the container.
+fn batch_script_bind(spank: &Spank) -> Result<MountSpec, String> {
+    let argv = spank.job_argv().map_err(|e| e.to_string())?;
+    let script = argv
+        .first()
+        .filter(|path| path.starts_with('/'))
+        .ok_or_else(|| {
+            format!("cannot find the batch script of this job (its command line is {argv:?})")
+        })?;
+    Ok(MountSpec {
+        source: script.into(),
+        target: script.into(),
+        read_only: true,
+    })
 }
 
 /// Checks the options again in slurmstepd (srun already did).
@@ -74,13 +91,13 @@ pub fn user_init(spank: &Spank, config: &Config) -> Result<(), String> {
 
 fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
     let options = options::current();
-    if !wants_container(spank, &options)? {
+    let step = spank.step_id().map_err(|e| e.to_string())?;
+    if !wants_container(step, &options, config) {
         return Ok(());
     }
     let image = options.image.clone().unwrap_or_default();
     let started = Instant::now();
     let job = spank.job_id().map_err(|e| e.to_string())?;
-    let step = spank.step_id().map_err(|e| e.to_string())?;
 
     let node = spank
         .getenv("SLURMD_NODENAME")
@@ -91,6 +108,11 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
         })
         .unwrap_or_default();
     let store = config.store_path_for_node(&node);
+    handle::log_debug(&format!("job {job} step {step}: options {options:?}"));
+    handle::log_verbose(&format!(
+        "job {job} step {step}: pulling {image} into {}",
+        store.display()
+    ));
     let (stored, image_hold) = with_root(|| pull_and_hold(config, &store, &image))?;
     let pulled = started.elapsed();
 
@@ -112,6 +134,9 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
     spec.mounts = mounts;
     spec.workdir = options.workdir.clone();
     spec.extra_binds = pmi_binds(&job_env);
+    if step == ffi::SLURM_BATCH_SCRIPT {
+        spec.extra_binds.push(batch_script_bind(spank)?);
+    }
     spec.writable = options.writable.unwrap_or(true);
     spec.mount_home = options.mount_home.unwrap_or(false);
     spec.remap_root = options.remap_root.unwrap_or(false);
@@ -123,9 +148,27 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
         Some(list) => env_names(list).map_err(|e| format!("--container-env={list}: {e}"))?,
         None => Vec::new(),
     };
+    if runs_entrypoint(&options, config) {
+        spec.entrypoint = entrypoint_run(&stored.config, &job_env, &keep_job_env);
+    }
     // spawn_holder takes root for the mounts and the id maps itself.
     let container = spawn_holder(&config.helper_path, &spec, Mode::Privileged)
         .map_err(|e| format!("cannot start the container for image '{image}': {e:#}"))?;
+    if let Some(outcome) = container.entrypoint_outcome() {
+        handle::log_verbose(&format!(
+            "job {job} step {step}: the image ENTRYPOINT ran: {} variables set, {} removed",
+            outcome.set.len(),
+            outcome.unset.len()
+        ));
+        let names: Vec<&str> = outcome.set.iter().map(|(n, _)| n.as_str()).collect();
+        handle::log_debug(&format!(
+            "job {job} step {step}: ENTRYPOINT set {names:?}, removed {:?}",
+            outcome.unset
+        ));
+    }
+    if options.entrypoint_log == Some(true) {
+        show_entrypoint_log(&container);
+    }
     *CONTAINER.lock().unwrap_or_else(|p| p.into_inner()) = Some(StepContainer {
         container,
         keep_job_env,
@@ -152,13 +195,64 @@ pub fn task_init(spank: &Spank) -> Result<(), String> {
     step.container
         .join()
         .map_err(|e| format!("cannot enter the container: {e:#}"))?;
+    let keeps =
+        |name: &str| step.keep_job_env.iter().any(|n| n == name) && spank.getenv(name).is_some();
     for (name, value) in step.container.env(std::iter::empty()) {
-        if step.keep_job_env.contains(&name) && spank.getenv(&name).is_some() {
+        if keeps(&name) {
             continue;
         }
         spank.setenv(&name, &value).map_err(|e| e.to_string())?;
     }
+    if let Some(outcome) = step.container.entrypoint_outcome() {
+        for (name, value) in outcome.set.iter().filter(|(name, _)| !keeps(name)) {
+            spank.setenv(name, value).map_err(|e| e.to_string())?;
+        }
+        for name in outcome.unset.iter().filter(|name| !keeps(name)) {
+            spank.unsetenv(name).map_err(|e| e.to_string())?;
+        }
+    }
     Ok(())
+}
+
+/// Whether the image ENTRYPOINT runs: `--[no-]container-entrypoint` (or its
+/// variables), else the plugstack's `execute_entrypoint`.
+fn runs_entrypoint(options: &JobOptions, config: &Config) -> bool {
+    options.entrypoint.unwrap_or(config.execute_entrypoint)
+}
+
+/// The image ENTRYPOINT to run at container start, with the environment a
+/// task would get without it; `None` when the image has none.
+fn entrypoint_run(
+    image: &ImageConfig,
+    job_env: &[String],
+    keep_job_env: &[String],
+) -> Option<EntrypointRun> {
+    let command = image.entrypoint.clone().filter(|c| !c.is_empty())?;
+    let job: Vec<(String, String)> = job_env
+        .iter()
+        .filter_map(|entry| entry.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let mut env = task_env(job.iter().cloned(), image);
+    for (name, value) in env.iter_mut() {
+        if let Some((_, job_value)) = job
+            .iter()
+            .find(|(n, _)| n == name && keep_job_env.contains(n))
+        {
+            value.clone_from(job_value);
+        }
+    }
+    Some(EntrypointRun { command, env })
+}
+
+/// Shows the entrypoint's output to the user (`--container-entrypoint-log`).
+fn show_entrypoint_log(container: &Container) {
+    let Some(outcome) = container.entrypoint_outcome() else {
+        return;
+    };
+    for line in outcome.log.lines() {
+        handle::log_user(&format!("entrypoint: {line}"));
+    }
 }
 
 /// Lets go of the container's namespaces.
@@ -243,6 +337,71 @@ fn pull(config: &Config, store: &Path, image: &str) -> Result<StoredImage, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn entrypoint_follows_the_option_then_the_plugstack() {
+        let mut config = Config::default();
+        let mut options = JobOptions::default();
+        assert!(!runs_entrypoint(&options, &config), "pyxis default: off");
+        config.execute_entrypoint = true;
+        assert!(runs_entrypoint(&options, &config));
+        options.entrypoint = Some(false);
+        assert!(!runs_entrypoint(&options, &config));
+        config.execute_entrypoint = false;
+        options.entrypoint = Some(true);
+        assert!(runs_entrypoint(&options, &config));
+    }
+
+    #[test]
+    fn entrypoint_starts_with_the_task_environment() {
+        let image = ImageConfig {
+            entrypoint: Some(vec!["/init".into()]),
+            env: vec!["PATH=/image/bin".into(), "LANG=C".into()],
+            ..ImageConfig::default()
+        };
+        let job = vec![
+            "PATH=/job/bin".to_string(),
+            "LANG=de_DE".to_string(),
+            "SLURM_JOB_ID=7".to_string(),
+        ];
+        let run = entrypoint_run(&image, &job, &["LANG".to_string()]).unwrap();
+        assert_eq!(run.command, vec!["/init".to_string()]);
+        let value = |name: &str| {
+            run.env
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(value("PATH"), Some("/image/bin"), "the image's Env wins");
+        assert_eq!(
+            value("LANG"),
+            Some("de_DE"),
+            "--container-env keeps the job's"
+        );
+        assert_eq!(value("SLURM_JOB_ID"), Some("7"));
+        let none = ImageConfig {
+            entrypoint: Some(Vec::new()),
+            ..ImageConfig::default()
+        };
+        assert!(entrypoint_run(&none, &job, &[]).is_none());
+        assert!(entrypoint_run(&ImageConfig::default(), &job, &[]).is_none());
+    }
+
+    #[test]
+    fn batch_step_needs_sbatch_support() {
+        let options = JobOptions {
+            image: Some("busybox".into()),
+            ..Default::default()
+        };
+        let mut config = Config::default();
+        assert!(wants_container(0, &options, &config));
+        assert!(wants_container(ffi::SLURM_BATCH_SCRIPT, &options, &config));
+        assert!(!wants_container(ffi::SLURM_EXTERN_CONT, &options, &config));
+        config.sbatch_support = false;
+        assert!(!wants_container(ffi::SLURM_BATCH_SCRIPT, &options, &config));
+        assert!(wants_container(3, &options, &config));
+        assert!(!wants_container(3, &JobOptions::default(), &config));
+    }
 
     #[test]
     fn pmi_binds_keep_existing_dirs_outside_tmp() {
