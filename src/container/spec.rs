@@ -52,6 +52,11 @@ pub struct ContainerSpec {
     /// without any privilege on the host.
     #[serde(default)]
     pub remap_root: bool,
+    /// A folder on the node's disk holding the overlay's `upper/` and `work/`
+    /// (named containers and roots to save keep their changes there); `None`:
+    /// a tmpfs that vanishes with the container. Privileged mode only.
+    #[serde(default)]
+    pub upper_dir: Option<PathBuf>,
 }
 
 fn default_writable() -> bool {
@@ -114,6 +119,7 @@ impl ContainerSpec {
             mount_home: false,
             unshare: Vec::new(),
             remap_root: false,
+            upper_dir: None,
         }
     }
 
@@ -350,7 +356,7 @@ mod tests {
         let spec = ContainerSpec::new("/img.sqfs".into(), ImageConfig::default(), identity());
         let mut json = serde_json::to_value(&spec).unwrap();
         let object = json.as_object_mut().unwrap();
-        for field in ["writable", "mount_home", "unshare", "remap_root"] {
+        for field in ["writable", "mount_home", "unshare", "remap_root", "upper_dir"] {
             assert!(object.remove(field).is_some(), "{field}");
         }
         let parsed: ContainerSpec = serde_json::from_value(json).unwrap();
