@@ -172,14 +172,16 @@ fn temp_path(output: &Path) -> PathBuf {
 }
 
 /// Runs gensquashfs on `root`, writing into `file` (reopened through /proc,
-/// so gensquashfs, root, writes the file the user created).
+/// so gensquashfs, root, writes the file the user created). No
+/// `--one-file-system`: the overlay reports its files with the device of the
+/// layer they come from, and nothing else is mounted below `root`.
 fn pack(root: &Path, file: &File) -> Result<()> {
     let options = SquashfsOptions::default();
     let mut command = Command::new(GENSQUASHFS);
     command
         .args(["--pack-dir"])
         .arg(root)
-        .args(["--keep-time", "--one-file-system", "--quiet", "--force"])
+        .args(["--keep-time", "--quiet", "--force"])
         .args(["--compressor", &options.compressor]);
     if let Some(extra) = &options.compressor_options {
         command.args(["--comp-extra", extra]);
