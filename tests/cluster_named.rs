@@ -271,7 +271,10 @@ fn global_containers_persist_across_jobs_and_stay_private() {
         .arg(store.join("containers/0"))
         .output()
         .unwrap();
-    assert!(!peek.status.success(), "berthuser can list root's containers");
+    assert!(
+        !peek.status.success(),
+        "berthuser can list root's containers"
+    );
 
     // berth containers list / rm (root, the admin).
     let list = std::process::Command::new(&berth)
@@ -421,7 +424,11 @@ fn save_relative_multi_node_and_bad_paths() {
             ],
         )
         .failed();
-    assert_has(&run.stderr, "you cannot write to folder /root", "user into /root");
+    assert_has(
+        &run.stderr,
+        "you cannot write to folder /root",
+        "user into /root",
+    );
     let run = cluster
         .srun(
             Submitter::Root,
@@ -433,7 +440,11 @@ fn save_relative_multi_node_and_bad_paths() {
             ],
         )
         .failed();
-    assert_has(&run.stderr, "/nonexistent-berth does not exist", "missing folder");
+    assert_has(
+        &run.stderr,
+        "/nonexistent-berth does not exist",
+        "missing folder",
+    );
     let run = cluster
         .srun(
             Submitter::User,
@@ -441,7 +452,11 @@ fn save_relative_multi_node_and_bad_paths() {
         )
         .failed();
     assert_has(&run.stderr, "ends with '/'", "folder as path");
-    assert!(!run.stderr.contains("Granted job allocation"), "{}", run.stderr);
+    assert!(
+        !run.stderr.contains("Granted job allocation"),
+        "{}",
+        run.stderr
+    );
 }
 
 #[test]

@@ -307,7 +307,13 @@ fn named_containers(action: ContainersAction) -> Result<ExitCode> {
             let uid = user.as_deref().map(uid_of).transpose()?;
             let roots = NamedRoots::new(&store.root()?);
             let list = roots.list(uid)?;
-            say!("{:<10} {:<12} {:<24} {:>9}  IMAGE", "USER", "SCOPE", "NAME", "CHANGES");
+            say!(
+                "{:<10} {:<12} {:<24} {:>9}  IMAGE",
+                "USER",
+                "SCOPE",
+                "NAME",
+                "CHANGES"
+            );
             for root in list {
                 let meta = &root.meta;
                 let owner = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(meta.uid))

@@ -100,8 +100,8 @@ pub fn save_main(args: &[OsString]) -> i32 {
         let [json] = args else {
             bail!("'{SAVE_ARG}' is internal: berth starts it itself with one JSON argument");
         };
-        let request: SaveRequest = serde_json::from_str(&json.to_string_lossy())
-            .context("unreadable save request")?;
+        let request: SaveRequest =
+            serde_json::from_str(&json.to_string_lossy()).context("unreadable save request")?;
         save(&request)
     })();
     match result {
@@ -188,7 +188,11 @@ fn pack(root: &Path, file: &File) -> Result<()> {
     }
     command
         .args(["--num-jobs", &options.jobs.max(1).to_string()])
-        .arg(format!("/proc/{}/fd/{}", std::process::id(), file.as_raw_fd()))
+        .arg(format!(
+            "/proc/{}/fd/{}",
+            std::process::id(),
+            file.as_raw_fd()
+        ))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());

@@ -356,7 +356,13 @@ mod tests {
         let spec = ContainerSpec::new("/img.sqfs".into(), ImageConfig::default(), identity());
         let mut json = serde_json::to_value(&spec).unwrap();
         let object = json.as_object_mut().unwrap();
-        for field in ["writable", "mount_home", "unshare", "remap_root", "upper_dir"] {
+        for field in [
+            "writable",
+            "mount_home",
+            "unshare",
+            "remap_root",
+            "upper_dir",
+        ] {
             assert!(object.remove(field).is_some(), "{field}");
         }
         let parsed: ContainerSpec = serde_json::from_value(json).unwrap();

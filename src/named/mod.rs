@@ -70,7 +70,12 @@ mod tests {
     use super::*;
 
     fn run(value: &str, exists: bool, running: bool, image: bool) -> Result<Action, String> {
-        decide(&ContainerName::parse(value).unwrap(), exists, running, image)
+        decide(
+            &ContainerName::parse(value).unwrap(),
+            exists,
+            running,
+            image,
+        )
     }
 
     #[test]

@@ -116,7 +116,10 @@ mod tests {
         assert_eq!(parsed("x"), ("x".into(), NameFlag::Auto));
         assert_eq!(parsed("x:"), ("x".into(), NameFlag::Auto));
         assert_eq!(parsed("x:auto"), ("x".into(), NameFlag::Auto));
-        assert_eq!(parsed("my-env.2:create"), ("my-env.2".into(), NameFlag::Create));
+        assert_eq!(
+            parsed("my-env.2:create"),
+            ("my-env.2".into(), NameFlag::Create)
+        );
         assert_eq!(parsed("a_b:exec"), ("a_b".into(), NameFlag::Exec));
         assert_eq!(parsed("a:no_exec"), ("a".into(), NameFlag::NoExec));
     }
@@ -124,7 +127,10 @@ mod tests {
     #[test]
     fn bad_flags_and_names_are_explained() {
         let e = ContainerName::parse("x:join").unwrap_err();
-        assert!(e.contains("unknown flag 'join'") && e.contains("no_exec"), "{e}");
+        assert!(
+            e.contains("unknown flag 'join'") && e.contains("no_exec"),
+            "{e}"
+        );
         let e = ContainerName::parse("x:exec:more").unwrap_err();
         assert!(e.contains("'exec:more'"), "{e}");
         let e = ContainerName::parse(":exec").unwrap_err();

@@ -92,8 +92,9 @@ impl RunningStep {
     pub fn is_alive(&self) -> bool {
         start_time(self.pid).ok() == Some(self.start_time)
             && self.namespaces.iter().all(|ns| {
-                fs::read_link(self.fd_path(ns))
-                    .is_ok_and(|link| link.as_os_str() == format!("{}:[{}]", ns.kind, ns.inode).as_str())
+                fs::read_link(self.fd_path(ns)).is_ok_and(|link| {
+                    link.as_os_str() == format!("{}:[{}]", ns.kind, ns.inode).as_str()
+                })
             })
     }
 
@@ -137,7 +138,11 @@ impl RunningStep {
             }
         }
         let (Some(user), Some(mount)) = (user, mount) else {
-            bail!("the record of step {}.{} lacks its user or mount namespace", self.job, self.step);
+            bail!(
+                "the record of step {}.{} lacks its user or mount namespace",
+                self.job,
+                self.step
+            );
         };
         Ok(Container::from_namespaces(user, mount, others, spec))
     }
@@ -334,6 +339,11 @@ mod tests {
         drop(published);
         assert!(registry.running(&key).unwrap().is_empty());
         registry.remove_job(3).unwrap();
-        assert_eq!(fs::read_dir(runtime.path().join("named/n1")).unwrap().count(), 0);
+        assert_eq!(
+            fs::read_dir(runtime.path().join("named/n1"))
+                .unwrap()
+                .count(),
+            0
+        );
     }
 }

@@ -12,8 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::handle;
 use super::remote::{
-    build_spec, keep_job_env, pull_and_hold, save_request, PendingSave, StepContainer,
-    StepContext,
+    build_spec, keep_job_env, pull_and_hold, save_request, PendingSave, StepContainer, StepContext,
 };
 use crate::config::Config;
 use crate::container::{spawn_holder, Container, ContainerSpec, Mode};
@@ -146,12 +145,13 @@ fn build(
 ) -> Result<(Container, ContainerSpec), String> {
     let mut spec = build_spec(ctx, stored)?;
     spec.upper_dir = Some(root.overlay_dir().to_path_buf());
-    let container = spawn_holder(&ctx.config.helper_path, &spec, Mode::Privileged).map_err(|e| {
-        format!(
-            "cannot start named container '{}' (image {}): {e:#}",
-            root.meta.name, root.meta.image
-        )
-    })?;
+    let container =
+        spawn_holder(&ctx.config.helper_path, &spec, Mode::Privileged).map_err(|e| {
+            format!(
+                "cannot start named container '{}' (image {}): {e:#}",
+                root.meta.name, root.meta.image
+            )
+        })?;
     Ok((container, spec))
 }
 
@@ -181,7 +181,10 @@ fn root_image(
             meta.image,
             meta.manifest_digest.as_deref().unwrap_or("a squashfs file"),
             meta.image,
-            stored.manifest_digest.as_deref().unwrap_or("a squashfs file"),
+            stored
+                .manifest_digest
+                .as_deref()
+                .unwrap_or("a squashfs file"),
         ));
     }
     Ok((stored, hold))
@@ -191,7 +194,10 @@ fn root_image(
 /// containers of the job and their records. Their mounts are already gone:
 /// they lived only in the namespaces of the job's steps.
 pub(super) fn job_epilog(spank: &super::handle::Spank, config: &Config) -> Result<(), String> {
-    let job = match std::env::var("SLURM_JOB_ID").ok().and_then(|j| j.parse().ok()) {
+    let job = match std::env::var("SLURM_JOB_ID")
+        .ok()
+        .and_then(|j| j.parse().ok())
+    {
         Some(job) => job,
         None => spank.job_id().map_err(|e| e.to_string())?,
     };
@@ -212,7 +218,9 @@ pub(super) fn job_epilog(spank: &super::handle::Spank, config: &Config) -> Resul
         .remove_job(job)
         .map_err(|e| format!("cannot remove the records of job {job}: {e:#}"))?;
     if !removed.is_empty() {
-        handle::log_verbose(&format!("job {job}: removed its named containers on {node}"));
+        handle::log_verbose(&format!(
+            "job {job}: removed its named containers on {node}"
+        ));
     }
     Ok(())
 }

@@ -429,7 +429,10 @@ mod tests {
         let e = validate("container-env", "OK,1BAD").unwrap_err();
         assert!(e.contains("1BAD"), "{e}");
         let e = validate("container-name", "x:join").unwrap_err();
-        assert!(e.starts_with("--container-name=x:join: unknown flag"), "{e}");
+        assert!(
+            e.starts_with("--container-name=x:join: unknown flag"),
+            "{e}"
+        );
         assert!(validate("container-name", "x:no_exec").is_ok());
         let e = validate("container-save", "/tmp/dir/").unwrap_err();
         assert!(e.contains("ends with '/'"), "{e}");

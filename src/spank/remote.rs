@@ -18,8 +18,8 @@ use super::handle::{self, Spank};
 use super::named_step::NamedUse;
 use super::options::{self, env_names, JobOptions};
 use crate::config::Config;
-use crate::container::spec::{parse_mounts, ContainerSpec, MountSpec, Namespace, UserIdentity};
 use crate::container::save::{check_output, SaveRequest, SAVE_ARG};
+use crate::container::spec::{parse_mounts, ContainerSpec, MountSpec, Namespace, UserIdentity};
 use crate::container::{spawn_holder, Container, Mode};
 use crate::named::{ContainerName, NamedRoots};
 use crate::privilege::with_root;
@@ -170,10 +170,9 @@ fn start_unnamed(ctx: &StepContext) -> Result<StepContainer, String> {
     let mut spec = build_spec(ctx, &stored)?;
     let mut save = None;
     if let Some(output) = &ctx.save_to {
-        let scratch = with_root(|| {
-            NamedRoots::new(&ctx.store).save_scratch(ctx.user.uid, ctx.job, ctx.step)
-        })
-        .map_err(|e| format!("--container-save: {e:#}"))?;
+        let scratch =
+            with_root(|| NamedRoots::new(&ctx.store).save_scratch(ctx.user.uid, ctx.job, ctx.step))
+                .map_err(|e| format!("--container-save: {e:#}"))?;
         spec.upper_dir = Some(scratch.clone());
         save = Some(PendingSave {
             request: save_request(&spec, &scratch, output),
@@ -219,16 +218,15 @@ fn save_target(spank: &Spank, path: &str) -> Result<PathBuf, String> {
             .or_else(|| spank.getenv("PWD"))
             .filter(|d| d.starts_with('/'))
             .ok_or_else(|| {
-            format!(
-                "--container-save={}: a relative path, but the job's working directory is \
+                format!(
+                    "--container-save={}: a relative path, but the job's working directory is \
                  unknown; give an absolute path",
-                path.display()
-            )
-        })?;
+                    path.display()
+                )
+            })?;
         Path::new(&cwd).join(path)
     };
-    check_output(&absolute)
-        .map_err(|e| format!("--container-save={}: {e}", path.display()))?;
+    check_output(&absolute).map_err(|e| format!("--container-save={}: {e}", path.display()))?;
     Ok(absolute)
 }
 
