@@ -152,7 +152,7 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
                 .map_err(|e| format!("--container-name={value}: {e}"))?;
             super::named_step::start(&ctx, &name)?
         }
-        None => (start_unnamed(&ctx)?, "ready".to_string()),
+        None => start_unnamed(&ctx)?,
     };
     *CONTAINER.lock().unwrap_or_else(|p| p.into_inner()) = Some(step_container);
     handle::log_info(&format!(
@@ -163,8 +163,9 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
 }
 
 /// An unnamed step: pull, build, and (with `--container-save`) keep the
-/// changes in a scratch folder on disk to save them at the end.
-fn start_unnamed(ctx: &StepContext) -> Result<StepContainer, String> {
+/// changes in a scratch folder on disk to save them at the end. Returns the
+/// container and the image it runs, for the log.
+fn start_unnamed(ctx: &StepContext) -> Result<(StepContainer, String), String> {
     let image = ctx.options.image.clone().unwrap_or_default();
     let (stored, image_hold) = with_root(|| pull_and_hold(ctx.config, &ctx.store, &image))?;
     let mut spec = build_spec(ctx, &stored)?;
@@ -182,13 +183,18 @@ fn start_unnamed(ctx: &StepContext) -> Result<StepContainer, String> {
     // spawn_holder takes root for the mounts and the id maps itself.
     let container = spawn_holder(&ctx.config.helper_path, &spec, Mode::Privileged)
         .map_err(|e| format!("cannot start the container for image '{image}': {e:#}"))?;
-    Ok(StepContainer {
+    let step = StepContainer {
         container,
         keep_job_env: keep_job_env(&ctx.options)?,
         image_hold,
         named: None,
         save,
-    })
+    };
+    let what = format!(
+        "for image {image} ({}) ready",
+        stored.manifest_digest.as_deref().unwrap_or("squashfs file")
+    );
+    Ok((step, what))
 }
 
 /// What to save for a container built from `spec` whose changes live in
