@@ -6,10 +6,15 @@
 # and RUNS bare `srun -n1 true`, interleaved, as the ordinary test user.
 # Prints each median and the ratio container/bare. The image is pulled once
 # before timing (the warm case is what every step after the first sees).
+# Then, in one allocation with a step running `--container-name=x`, RUNS
+# further steps joining x against RUNS bare steps, interleaved: the added
+# cost of joining a running named container.
 #
 # Uses the cluster named by BERTH_TEST_ENV (an env file from
 # tests/harness/cluster.sh) when set; otherwise builds berth, starts its own
-# registry and cluster (BERTH_TEST_NAME=berthbench, slot 2) and tears them down.
+# registry and cluster (BERTH_TEST_NAME, default berthbench; BERTH_TEST_SLOT,
+# default 2; ports from the BERTH_TEST_*_PORT variables as in tests/harness)
+# and tears them down.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
@@ -20,7 +25,7 @@ unset SLURM_CONF SLURM_JOB_ID SLURM_JOBID
 own_cluster=0
 if [[ -z ${BERTH_TEST_ENV:-} ]]; then
     own_cluster=1
-    export BERTH_TEST_NAME=berthbench BERTH_TEST_SLOT=2
+    export BERTH_TEST_NAME=${BERTH_TEST_NAME:-berthbench} BERTH_TEST_SLOT=${BERTH_TEST_SLOT:-2}
     export BERTH_TEST_CACHE_DIR=${BERTH_TEST_CACHE_DIR:-/var/cache/berth-test}
     tests/harness/install-deps.sh >/dev/null
     source tests/harness/rust-env.sh
@@ -29,7 +34,7 @@ if [[ -z ${BERTH_TEST_ENV:-} ]]; then
     trap '"$REPO"/tests/harness/cluster.sh down >/dev/null 2>&1; "$REPO"/tests/harness/registry.sh down >/dev/null 2>&1' EXIT
     tests/harness/registry.sh up >/dev/null
     source tests/harness/lib.sh >/dev/null
-    export BERTH_PLUGSTACK_LINE="required $PREFIX/lib/slurm/spank_berth.so helper_path=$PREFIX/bin/berth store_path=/var/lib/$BERTH_TEST_NAME/nodes/%n/berth-store insecure_registries=$REGISTRY_ADDR"
+    export BERTH_PLUGSTACK_LINE="required $PREFIX/lib/slurm/spank_berth.so helper_path=$PREFIX/bin/berth store_path=/var/lib/$BERTH_TEST_NAME/nodes/%n/berth-store runtime_path=/run/$BERTH_TEST_NAME/berth insecure_registries=$REGISTRY_ADDR"
     tests/harness/cluster.sh up >/dev/null
     tests/harness/images.sh push busybox >/dev/null
     BERTH_TEST_ENV=/run/$BERTH_TEST_NAME/env
@@ -53,3 +58,31 @@ mc=$(printf '%s\n' "${container[@]}" | median)
 echo "bare srun -n1 true:                     median ${mb} ms  (runs: ${bare[*]})"
 echo "srun -n1 --container-image=... true:    median ${mc} ms  (runs: ${container[*]})"
 awk -v c="$mc" -v b="$mb" 'BEGIN {printf "ratio container/bare: %.2f  (container setup adds %d ms)\n", c / b, c - b}'
+
+# Joining a running named container, in one allocation: step 1 holds x.
+inner=$(mktemp /tmp/berth-bench-join.XXXXXX)
+chmod 755 "$inner"
+cat >"$inner" <<EOF
+#!/bin/bash
+set -u
+stop=/tmp/berth-bench-stop-\$SLURM_JOB_ID
+rm -f \$stop
+srun --overlap -n1 --container-image=$IMAGE --container-name=x sh -c "while [ ! -e \$stop ]; do sleep 0.1; done" &
+holder=\$!
+for i in \$(seq 1 100); do srun --overlap -n1 --container-name=x:exec true 2>/dev/null && break; sleep 0.2; done
+ms() { local t0 t1; t0=\$(date +%s%N); "\$@" >/dev/null 2>&1; t1=\$(date +%s%N); echo \$(((t1 - t0) / 1000000)); }
+for ((i = 0; i < $RUNS; i++)); do
+    echo "bare \$(ms srun --overlap -n1 true)"
+    echo "join \$(ms srun --overlap -n1 --container-name=x true)"
+done
+srun --overlap -n1 touch \$stop
+wait \$holder
+rm -f \$stop
+EOF
+lines=$(as_user salloc -N1 "$inner" 2>/dev/null)
+rm -f "$inner"
+jb=$(awk '$1 == "bare" {print $2}' <<<"$lines" | median)
+jj=$(awk '$1 == "join" {print $2}' <<<"$lines" | median)
+echo "bare step in an allocation:             median ${jb} ms  (runs: $(awk '$1 == "bare" {printf "%s ", $2}' <<<"$lines"))"
+echo "step joining --container-name=x:        median ${jj} ms  (runs: $(awk '$1 == "join" {printf "%s ", $2}' <<<"$lines"))"
+awk -v j="$jj" -v b="$jb" 'BEGIN {printf "second step of a job joining --container-name=x: adds %d ms vs a bare step in the same allocation (goal <= 50 ms)\n", j - b}'

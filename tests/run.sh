@@ -65,7 +65,7 @@ export BERTH_REQUIRE_CLUSTER=1
 log "unit and integration tests"
 cargo build --release --locked --examples
 cargo test --release --locked --no-fail-fast --lib --bins --test container_runtime --test container_join \
-    --test store_cli --test cli --test cluster --test cluster_entry --test umoci_equivalence --test fuzz_smoke --test security --test doctor -- --test-threads=2
+    --test store_cli --test cli --test cluster --test cluster_entry --test cluster_named --test umoci_equivalence --test fuzz_smoke --test security --test doctor -- --test-threads=2
 log "Debian package: two versions, installed and upgraded under a running job (alone: it switches the drop-in)"
 debs=$STATE/debs
 rm -rf "$debs"

@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use berth::config::Config;
 use berth::container::spec::{parse_mounts, ContainerSpec, UserIdentity};
 use berth::container::{holder_main, spawn_holder, Mode};
+use berth::named::{check_name, NamedKey, NamedRoots, Scope};
 use berth::reference::ImageSource;
 use berth::registry::RegistryOptions;
 use berth::store::units::{format_size, format_utc, parse_size};
@@ -99,9 +100,48 @@ enum Commands {
         #[command(flatten)]
         store: StoreDir,
     },
+    /// Named containers kept on this node (`srun --container-name`); root only.
+    Containers {
+        #[command(subcommand)]
+        action: ContainersAction,
+    },
     /// Internal: the container setup helper (spoken to over fd 3).
     #[command(name = "__holder", hide = true)]
     Holder,
+    /// Internal: the `--container-save` helper (one JSON argument).
+    #[command(name = "__save", hide = true)]
+    Save {
+        /// The save request, as JSON.
+        request: std::ffi::OsString,
+    },
+}
+
+#[derive(Subcommand)]
+enum ContainersAction {
+    /// List named containers: owner, scope, name, image, size of their changes.
+    #[command(alias = "ls")]
+    List {
+        /// Only this user's (name or uid).
+        #[arg(long)]
+        user: Option<String>,
+        #[command(flatten)]
+        store: StoreDir,
+    },
+    /// Remove named containers (not while a step uses them).
+    #[command(alias = "remove")]
+    Rm {
+        /// Container names.
+        #[arg(required = true)]
+        names: Vec<String>,
+        /// Whose containers (name or uid; default: root's own).
+        #[arg(long)]
+        user: Option<String>,
+        /// Containers of this job (scope `job`); without it, global ones.
+        #[arg(long)]
+        job: Option<u32>,
+        #[command(flatten)]
+        store: StoreDir,
+    },
 }
 
 #[derive(clap::Args)]
@@ -189,6 +229,10 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Commands::Holder => holder_main(),
+        Commands::Save { request } => {
+            std::process::exit(berth::container::save::save_main(&[request]))
+        }
+        Commands::Containers { action } => named_containers(action),
         Commands::Pull { image, store, json } => {
             let config = Config::for_cli()?;
             let source = ImageSource::parse(&image)?;
@@ -266,6 +310,97 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::from(exit_code(status)))
         }
     }
+}
+
+/// `berth containers list|rm`.
+fn named_containers(action: ContainersAction) -> Result<ExitCode> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!(
+            "named containers live in the node store and belong to root: run `berth containers` \
+             as root (ask your admin), or use container_scope=job so they go with the job"
+        );
+    }
+    match action {
+        ContainersAction::List { user, store } => {
+            let uid = user.as_deref().map(uid_of).transpose()?;
+            let roots = NamedRoots::new(&store.root()?);
+            let list = roots.list(uid)?;
+            say!(
+                "{:<10} {:<12} {:<24} {:>9}  IMAGE",
+                "USER",
+                "SCOPE",
+                "NAME",
+                "CHANGES"
+            );
+            for root in list {
+                let meta = &root.meta;
+                let owner = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(meta.uid))
+                    .ok()
+                    .flatten()
+                    .map_or_else(|| meta.uid.to_string(), |u| u.name);
+                let scope = match meta.scope {
+                    Scope::Job(job) => format!("job {job}"),
+                    Scope::Global => "global".to_string(),
+                };
+                say!(
+                    "{owner:<10} {scope:<12} {:<24} {:>9}  {}",
+                    meta.name,
+                    format_size(root.changes_size()),
+                    meta.image
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ContainersAction::Rm {
+            names,
+            user,
+            job,
+            store,
+        } => {
+            let uid = user.as_deref().map(uid_of).transpose()?.unwrap_or(0);
+            let roots = NamedRoots::new(&store.root()?);
+            let mut failed = false;
+            for name in names {
+                check_name(&name).map_err(anyhow::Error::msg)?;
+                let key = NamedKey {
+                    uid,
+                    scope: job.map_or(Scope::Global, Scope::Job),
+                    name,
+                };
+                let result = match roots.load(&key)? {
+                    Some(root) => roots.remove(&root),
+                    None => Err(anyhow::anyhow!(
+                        "no named container {} of uid {uid} in {}",
+                        key.describe(),
+                        roots.base().display()
+                    )),
+                };
+                match result {
+                    Ok(()) => say!("removed {}", key.describe()),
+                    Err(e) => {
+                        eprintln!("error: {e:#}");
+                        failed = true;
+                    }
+                }
+            }
+            Ok(if failed {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+    }
+}
+
+/// A user name or uid, as a uid.
+fn uid_of(user: &str) -> Result<u32> {
+    if let Ok(uid) = user.parse() {
+        return Ok(uid);
+    }
+    nix::unistd::User::from_name(user)
+        .with_context(|| format!("cannot look up user '{user}'"))?
+        .map(|u| u.uid.as_raw())
+        .with_context(|| format!("no user named '{user}' on this node"))
 }
 
 /// Shell-style exit code: the command's, or 128+signal.

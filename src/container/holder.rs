@@ -124,6 +124,12 @@ fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Resu
 }
 
 fn build_unprivileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Result<()> {
+    if let Some(dir) = &spec.upper_dir {
+        bail!(
+            "a root kept on disk ({}) needs the privileged mode: run as root",
+            dir.display()
+        );
+    }
     let plan = MountPlan::new(spec, mounts::system_binds())?;
     enter_user_namespace(channel, spec).context("creating the user namespace")?;
     let (root, daemons) = mount_image_with_fuse(spec).context("mounting the image")?;
@@ -153,8 +159,14 @@ fn mount_image_with_loop_device(spec: &ContainerSpec) -> anyhow::Result<PathBuf>
         // Dropping `device` closes it: the mount keeps it busy, autoclear
         // frees it with the last unmount.
     }
-    copy_root_attributes(&paths.lower, &paths.upper)?;
-    mounts::mount_overlay(&paths.lower, &paths.upper, &paths.work, &paths.root)?;
+    let (upper, work) = match &spec.upper_dir {
+        Some(dir) => (dir.join("upper"), dir.join("work")),
+        None => (paths.upper.clone(), paths.work.clone()),
+    };
+    if is_empty_dir(&upper)? {
+        copy_root_attributes(&paths.lower, &upper)?;
+    }
+    mounts::mount_overlay(&paths.lower, &upper, &work, &paths.root)?;
     Ok(paths.root)
 }
 
@@ -283,6 +295,13 @@ fn prepare_staging(base: &Path) -> anyhow::Result<StagingPaths> {
             .with_context(|| format!("cannot create staging directory {}", dir.display()))?;
     }
     Ok(paths)
+}
+
+/// Whether `dir` has no entries (a fresh upper directory).
+fn is_empty_dir(dir: &Path) -> anyhow::Result<bool> {
+    let mut entries = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read the overlay's upper folder {}", dir.display()))?;
+    Ok(entries.next().is_none())
 }
 
 /// Gives the overlay's upper directory the owner and mode of the image's root

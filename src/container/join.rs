@@ -4,7 +4,7 @@
 
 use std::ffi::{CStr, CString};
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
@@ -114,6 +114,33 @@ impl Container {
     /// and its output.
     pub fn entrypoint_outcome(&self) -> Option<&EntrypointOutcome> {
         self.entrypoint.as_ref()
+    }
+
+    /// A container from namespace descriptors opened elsewhere (those of a
+    /// running step, see [`crate::named`]), described by the `spec` it was
+    /// built from. It owns no FUSE daemons.
+    pub fn from_namespaces(
+        user_ns: OwnedFd,
+        mount_ns: OwnedFd,
+        namespaces: Vec<(Namespace, OwnedFd)>,
+        spec: &ContainerSpec,
+    ) -> Container {
+        Container::new(user_ns, mount_ns, namespaces, spec, Vec::new())
+    }
+
+    /// Its namespace descriptors as `(kind, fd)`, user and mount first; `kind`
+    /// is the name in `/proc/PID/ns/`.
+    pub fn namespace_fds(&self) -> Vec<(&'static str, RawFd)> {
+        let mut fds = vec![
+            ("user", self.user_ns.as_raw_fd()),
+            ("mnt", self.mount_ns.as_raw_fd()),
+        ];
+        fds.extend(
+            self.namespaces
+                .iter()
+                .map(|(kind, fd)| (kind.name(), fd.as_raw_fd())),
+        );
+        fds
     }
 
     /// The directory tasks start in.

@@ -20,6 +20,7 @@
 //! escape), [`loopdev`] (loop devices), [`mounts`] (mount operations), `fuse`
 //! (daemons of unprivileged mode), `netns` (loopback up in a new network
 //! namespace), `seccomp` (the remap-root filter),
+//! [`save`] (`--container-save`: pack a root into a squashfs file),
 //! [`channel`] (messages to and from the holder), [`holder`] (the stages),
 //! `spawn` (the caller's side) and `join` (the [`Container`]).
 
@@ -36,6 +37,7 @@ pub mod mountplan;
 pub mod mounts;
 mod netns;
 pub mod safepath;
+pub mod save;
 mod seccomp;
 mod spawn;
 pub mod spec;

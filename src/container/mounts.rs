@@ -114,6 +114,33 @@ pub fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> 
     })
 }
 
+/// Mounts a read-only overlay of `lowers` (the first on top) on `target`.
+pub fn mount_overlay_read_only(lowers: &[&Path], target: &Path) -> anyhow::Result<()> {
+    for dir in lowers {
+        if dir.to_string_lossy().contains([',', ':', '\\']) {
+            bail!(
+                "cannot use {} as an overlay layer: its path contains ',', ':' or '\\'",
+                dir.display()
+            );
+        }
+    }
+    let joined: Vec<String> = lowers.iter().map(|d| d.display().to_string()).collect();
+    let options = format!("lowerdir={}", joined.join(":"));
+    mount(
+        Some("overlay"),
+        target,
+        Some("overlay"),
+        MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(options.as_str()),
+    )
+    .with_context(|| {
+        format!(
+            "cannot mount the read-only overlay ({options}) on {}",
+            target.display()
+        )
+    })
+}
+
 /// Creates the mount point for `mount` inside `root`: a directory or an empty
 /// file, like a bind's source (a file or a character device gets a file); a
 /// directory for a tmpfs; nothing for an unmount. Fails when a bind's source

@@ -57,6 +57,11 @@ pub struct ContainerSpec {
     /// (`--container-entrypoint` of the Slurm plugin); `None` runs nothing.
     #[serde(default)]
     pub entrypoint: Option<EntrypointRun>,
+    /// A folder on the node's disk holding the overlay's `upper/` and `work/`
+    /// (named containers and roots to save keep their changes there); `None`:
+    /// a tmpfs that vanishes with the container. Privileged mode only.
+    #[serde(default)]
+    pub upper_dir: Option<PathBuf>,
 }
 
 fn default_writable() -> bool {
@@ -120,6 +125,7 @@ impl ContainerSpec {
             unshare: Vec::new(),
             remap_root: false,
             entrypoint: None,
+            upper_dir: None,
         }
     }
 
@@ -356,7 +362,13 @@ mod tests {
         let spec = ContainerSpec::new("/img.sqfs".into(), ImageConfig::default(), identity());
         let mut json = serde_json::to_value(&spec).unwrap();
         let object = json.as_object_mut().unwrap();
-        for field in ["writable", "mount_home", "unshare", "remap_root"] {
+        for field in [
+            "writable",
+            "mount_home",
+            "unshare",
+            "remap_root",
+            "upper_dir",
+        ] {
             assert!(object.remove(field).is_some(), "{field}");
         }
         let parsed: ContainerSpec = serde_json::from_value(json).unwrap();

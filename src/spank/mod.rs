@@ -4,13 +4,15 @@
 //! - `handle`: safe wrappers over the SPANK handle and Slurm's logger;
 //! - `options`: the `--container-*` option table and the values a job gave;
 //! - `local`: srun/sbatch/salloc side (check options before anything is allocated);
-//! - `remote`: slurmstepd side (pull, create the container, join tasks to it).
+//! - `remote`: slurmstepd side (pull, create the container, join tasks to it);
+//! - `named_step`: slurmstepd side of `--container-name` (join, reuse or create).
 //!
 //! This module must not contain container or registry logic of its own.
 
 pub mod ffi;
 pub mod handle;
 pub mod local;
+mod named_step;
 pub mod options;
 pub mod plugin;
 pub mod remote;

@@ -11,6 +11,7 @@ use super::ffi;
 use super::handle::{self, Spank, SpankError};
 use crate::config::parse_bool;
 use crate::container::spec::{parse_mounts, Namespace};
+use crate::named::ContainerName;
 use crate::reference::ImageSource;
 
 /// The values of the `--container-*` options for this job or step.
@@ -37,14 +38,20 @@ pub struct JobOptions {
     pub entrypoint: Option<bool>,
     /// `--container-entrypoint-log`: show the entrypoint's output.
     pub entrypoint_log: Option<bool>,
+    /// `--container-name`: `NAME[:FLAG]`.
+    pub name: Option<String>,
+    /// `--container-save`: where to save the root file system after the step.
+    pub save: Option<String>,
 }
 
 impl JobOptions {
-    /// The options given besides `--container-image`, as their command-line names.
+    /// The options given besides `--container-image` and `--container-name`
+    /// (which each say which container to use), as their command-line names.
     pub fn given_without_image(&self) -> Vec<&'static str> {
         TABLE
             .iter()
-            .filter(|def| def.setting != Setting::Image && self.is_set(def.setting))
+            .filter(|def| !matches!(def.setting, Setting::Image | Setting::Name))
+            .filter(|def| self.is_set(def.setting))
             .map(|def| def.display_name)
             .collect()
     }
@@ -61,6 +68,8 @@ impl JobOptions {
             Setting::RemapRoot(value) => self.remap_root == Some(value),
             Setting::Entrypoint(value) => self.entrypoint == Some(value),
             Setting::EntrypointLog => self.entrypoint_log == Some(true),
+            Setting::Name => self.name.is_some(),
+            Setting::Save => self.save.is_some(),
         }
     }
 
@@ -86,6 +95,8 @@ impl JobOptions {
             Setting::RemapRoot(v) => self.remap_root = Some(v),
             Setting::Entrypoint(v) => self.entrypoint = Some(v),
             Setting::EntrypointLog => self.entrypoint_log = Some(true),
+            Setting::Name => self.name = Some(value),
+            Setting::Save => self.save = Some(value),
         }
     }
 }
@@ -103,6 +114,8 @@ enum Setting {
     RemapRoot(bool),
     Entrypoint(bool),
     EntrypointLog,
+    Name,
+    Save,
 }
 
 /// One row of the option table; Slurm's `val` for it is its index plus one.
@@ -233,6 +246,22 @@ const TABLE: &[OptionDef] = &[
         usage: c"[berth] show the output of the image ENTRYPOINT (hidden otherwise)",
         env_suffix: Some("ENTRYPOINT_LOG"),
     },
+    OptionDef {
+        setting: Setting::Name,
+        name: c"container-name",
+        display_name: "--container-name",
+        arginfo: Some(c"NAME[:auto|create|exec|no_exec]"),
+        usage: c"[berth] a named container whose root changes later steps reuse; exec joins the step running it, no_exec never joins, create fails if it exists, auto (default) joins, reuses or creates",
+        env_suffix: Some("NAME"),
+    },
+    OptionDef {
+        setting: Setting::Save,
+        name: c"container-save",
+        display_name: "--container-save",
+        arginfo: Some(c"PATH"),
+        usage: c"[berth] after the step, save the container's root file system with its changes as a squashfs file at PATH on each node",
+        env_suffix: Some("SAVE"),
+    },
 ];
 
 static VALUES: Mutex<JobOptions> = Mutex::new(JobOptions {
@@ -246,6 +275,8 @@ static VALUES: Mutex<JobOptions> = Mutex::new(JobOptions {
     remap_root: None,
     entrypoint: None,
     entrypoint_log: None,
+    name: None,
+    save: None,
 });
 
 /// Prefixes of the variables that stand in for options missing from the
@@ -344,8 +375,22 @@ fn check_value(setting: Setting, value: &str) -> Result<(), String> {
         )),
         Setting::Env => env_names(value).map(|_| ()),
         Setting::Unshare => Namespace::parse_list(value).map(|_| ()),
+        Setting::Name => ContainerName::parse(value).map(|_| ()),
+        Setting::Save => check_save_path(value),
         _ => Ok(()),
     }
+}
+
+/// Checks a `--container-save` value: a file path, absolute or relative to
+/// the job's working directory.
+fn check_save_path(value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Err("empty path; give the squashfs file to write, e.g. ./saved.sqfs".into());
+    }
+    if value.ends_with('/') {
+        return Err("the path ends with '/'; give a file name, e.g. DIR/saved.sqfs".into());
+    }
+    Ok(())
 }
 
 /// The names listed in `--container-env`.
@@ -422,6 +467,15 @@ mod tests {
         assert!(e.contains("pid"), "{e}");
         let e = validate("container-env", "OK,1BAD").unwrap_err();
         assert!(e.contains("1BAD"), "{e}");
+        let e = validate("container-name", "x:join").unwrap_err();
+        assert!(
+            e.starts_with("--container-name=x:join: unknown flag"),
+            "{e}"
+        );
+        assert!(validate("container-name", "x:no_exec").is_ok());
+        let e = validate("container-save", "/tmp/dir/").unwrap_err();
+        assert!(e.contains("ends with '/'"), "{e}");
+        assert!(validate("container-save", "saved.sqfs").is_ok());
     }
 
     #[test]

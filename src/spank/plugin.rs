@@ -154,6 +154,39 @@ pub extern "C" fn slurm_spank_task_init(
     })
 }
 
+/// In slurmstepd after each local task exits: the last one lets go of the
+/// container and saves it (`--container-save`).
+#[no_mangle]
+pub extern "C" fn slurm_spank_task_exit(
+    sp: ffi::spank_t,
+    _argc: c_int,
+    _argv: *mut *mut c_char,
+) -> c_int {
+    guard("slurm_spank_task_exit", || {
+        if handle::context() != Context::Remote {
+            return Ok(());
+        }
+        remote::task_exit(&Spank::from_raw(sp))
+    })
+}
+
+/// slurmd's epilog on each node of a job (root): removes the job's named
+/// containers (scope `job`).
+#[no_mangle]
+pub extern "C" fn slurm_spank_job_epilog(
+    sp: ffi::spank_t,
+    argc: c_int,
+    argv: *mut *mut c_char,
+) -> c_int {
+    guard("slurm_spank_job_epilog", || {
+        // Slurm does not call slurm_spank_init before a job script callback:
+        // read the plugstack arguments given here.
+        let config =
+            Config::from_plugstack_args(&plugin_args(argc, argv)).map_err(|e| e.to_string())?;
+        super::named_step::job_epilog(&Spank::from_raw(sp), &config)
+    })
+}
+
 /// Last call in every context: slurmstepd lets go of the container.
 #[no_mangle]
 pub extern "C" fn slurm_spank_exit(

@@ -7,19 +7,23 @@
 //! inherits those handles and joins them in `task_init`. When slurmstepd lets go
 //! at `exit` and the tasks are gone, the kernel tears every mount down.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
 use super::ffi;
 use super::handle::{self, Spank};
+use super::named_step::NamedUse;
 use super::options::{self, env_names, JobOptions};
 use crate::config::Config;
 use crate::container::entrypoint::EntrypointRun;
+use crate::container::save::{check_output, SaveRequest, SAVE_ARG};
 use crate::container::spec::{parse_mounts, ContainerSpec, MountSpec, Namespace, UserIdentity};
 use crate::container::{spawn_holder, task_env, Container, Mode};
 use crate::image::ImageConfig;
+use crate::named::{ContainerName, NamedRoots};
 use crate::privilege::with_root;
 use crate::store::{ImageHold, Store, StoredImage};
 
@@ -27,12 +31,43 @@ use crate::store::{ImageHold, Store, StoredImage};
 static CONTAINER: Mutex<Option<StepContainer>> = Mutex::new(None);
 
 /// What tasks need to join the step's container.
-struct StepContainer {
-    container: Container,
+pub(super) struct StepContainer {
+    pub(super) container: Container,
     /// `--container-env`: variables whose job value wins over the image's.
-    keep_job_env: Vec<String>,
+    pub(super) keep_job_env: Vec<String>,
     /// Keeps `berth rmi` and `berth gc` off the image while the step runs.
-    _image_hold: Option<ImageHold>,
+    pub(super) image_hold: Option<ImageHold>,
+    /// A named container's record and hold, released with the container.
+    pub(super) named: Option<NamedUse>,
+    /// `--container-save`: done after the last local task.
+    pub(super) save: Option<PendingSave>,
+}
+
+/// A `--container-save` to do when the step's tasks are done.
+pub(super) struct PendingSave {
+    pub(super) request: SaveRequest,
+    /// The on-disk upper folder of an unnamed step, removed after the save.
+    pub(super) scratch: Option<PathBuf>,
+}
+
+/// How many of this node's tasks have exited (the last one saves).
+static TASKS_EXITED: AtomicU32 = AtomicU32::new(0);
+
+/// What every kind of step needs to build its container.
+pub(super) struct StepContext<'a> {
+    pub(super) config: &'a Config,
+    pub(super) options: JobOptions,
+    pub(super) store: PathBuf,
+    /// This node's name.
+    pub(super) node: String,
+    pub(super) job: u32,
+    pub(super) step: u32,
+    pub(super) user: UserIdentity,
+    pub(super) job_env: Vec<String>,
+    /// `--container-save`, resolved and checked.
+    pub(super) save_to: Option<PathBuf>,
+    /// The batch step's script, bound read-only at its own path.
+    pub(super) batch_script: Option<MountSpec>,
 }
 
 /// Why `user_init` could not make the container. Slurm 22.05's srun exits 0
@@ -52,7 +87,7 @@ const PMI_DIR_VARIABLES: &[&str] = &[
 /// Whether a step runs in a container: never the extern step; the batch
 /// step only with sbatch support (`sbatch_support`, on by default).
 fn wants_container(step: u32, options: &JobOptions, config: &Config) -> bool {
-    options.image.is_some()
+    (options.image.is_some() || options.name.is_some())
         && step != ffi::SLURM_EXTERN_CONT
         && (step != ffi::SLURM_BATCH_SCRIPT || config.sbatch_support)
 }
@@ -95,9 +130,9 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
     if !wants_container(step, &options, config) {
         return Ok(());
     }
-    let image = options.image.clone().unwrap_or_default();
     let started = Instant::now();
     let job = spank.job_id().map_err(|e| e.to_string())?;
+    handle::log_debug(&format!("job {job} step {step}: options {options:?}"));
 
     let node = spank
         .getenv("SLURMD_NODENAME")
@@ -107,15 +142,6 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
                 .map(|h| h.to_string_lossy().into_owned())
         })
         .unwrap_or_default();
-    let store = config.store_path_for_node(&node);
-    handle::log_debug(&format!("job {job} step {step}: options {options:?}"));
-    handle::log_verbose(&format!(
-        "job {job} step {step}: pulling {image} into {}",
-        store.display()
-    ));
-    let (stored, image_hold) = with_root(|| pull_and_hold(config, &store, &image))?;
-    let pulled = started.elapsed();
-
     let uid = spank.uid().map_err(|e| e.to_string())?;
     let gid = spank.gid().map_err(|e| e.to_string())?;
     let mut user = UserIdentity::lookup(uid, gid)
@@ -125,18 +151,141 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
             user.groups = groups;
         }
     }
+    let save_to = match &options.save {
+        Some(path) => Some(save_target(spank, path)?),
+        None => None,
+    };
+    let batch_script = if step == ffi::SLURM_BATCH_SCRIPT {
+        Some(batch_script_bind(spank)?)
+    } else {
+        None
+    };
+    let ctx = StepContext {
+        config,
+        batch_script,
+        store: config.store_path_for_node(&node),
+        node,
+        job,
+        step,
+        user,
+        job_env: spank.job_env().map_err(|e| e.to_string())?,
+        save_to,
+        options,
+    };
+    let (step_container, what) = match &ctx.options.name {
+        Some(value) => {
+            let name = ContainerName::parse(value)
+                .map_err(|e| format!("--container-name={value}: {e}"))?;
+            super::named_step::start(&ctx, &name)?
+        }
+        None => start_unnamed(&ctx)?,
+    };
+    *CONTAINER.lock().unwrap_or_else(|p| p.into_inner()) = Some(step_container);
+    handle::log_info(&format!(
+        "job {job} step {step}: container {what} in {:.0} ms",
+        started.elapsed().as_secs_f64() * 1e3,
+    ));
+    Ok(())
+}
+
+/// An unnamed step: pull, build, and (with `--container-save`) keep the
+/// changes in a scratch folder on disk to save them at the end. Returns the
+/// container and the image it runs, for the log.
+fn start_unnamed(ctx: &StepContext) -> Result<(StepContainer, String), String> {
+    let image = ctx.options.image.clone().unwrap_or_default();
+    handle::log_verbose(&format!(
+        "job {} step {}: pulling {image} into {}",
+        ctx.job,
+        ctx.step,
+        ctx.store.display()
+    ));
+    let (stored, image_hold) = with_root(|| pull_and_hold(ctx.config, &ctx.store, &image))?;
+    let mut spec = build_spec(ctx, &stored)?;
+    let mut save = None;
+    if let Some(output) = &ctx.save_to {
+        let scratch =
+            with_root(|| NamedRoots::new(&ctx.store).save_scratch(ctx.user.uid, ctx.job, ctx.step))
+                .map_err(|e| format!("--container-save: {e:#}"))?;
+        spec.upper_dir = Some(scratch.clone());
+        save = Some(PendingSave {
+            request: save_request(&spec, &scratch, output),
+            scratch: Some(scratch),
+        });
+    }
+    // spawn_holder takes root for the mounts and the id maps itself.
+    let container = spawn_holder(&ctx.config.helper_path, &spec, Mode::Privileged)
+        .map_err(|e| format!("cannot start the container for image '{image}': {e:#}"))?;
+    report_entrypoint(ctx, &container);
+    let step = StepContainer {
+        container,
+        keep_job_env: keep_job_env(&ctx.options)?,
+        image_hold,
+        named: None,
+        save,
+    };
+    let what = format!(
+        "for image {image} ({}) ready",
+        stored.manifest_digest.as_deref().unwrap_or("squashfs file")
+    );
+    Ok((step, what))
+}
+
+/// What to save for a container built from `spec` whose changes live in
+/// `overlay_dir/upper`.
+pub(super) fn save_request(spec: &ContainerSpec, overlay_dir: &Path, output: &Path) -> SaveRequest {
+    SaveRequest {
+        squashfs: spec.squashfs.clone(),
+        upper: overlay_dir.join("upper"),
+        output: output.to_path_buf(),
+        uid: spec.user.uid,
+        gid: spec.user.gid,
+        groups: spec.user.all_gids(),
+    }
+}
+
+/// `--container-save=PATH` made absolute (a relative PATH is taken from the
+/// job's working directory) and checked with the user's permissions.
+fn save_target(spank: &Spank, path: &str) -> Result<PathBuf, String> {
+    let path = Path::new(path);
+    let absolute = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        // slurmstepd runs user_init in the job's working directory.
+        let cwd = std::env::current_dir()
+            .ok()
+            .map(|d| d.to_string_lossy().into_owned())
+            .or_else(|| spank.getenv("PWD"))
+            .filter(|d| d.starts_with('/'))
+            .ok_or_else(|| {
+                format!(
+                    "--container-save={}: a relative path, but the job's working directory is \
+                 unknown; give an absolute path",
+                    path.display()
+                )
+            })?;
+        Path::new(&cwd).join(path)
+    };
+    check_output(&absolute).map_err(|e| format!("--container-save={}: {e}", path.display()))?;
+    Ok(absolute)
+}
+
+/// The container spec of this step for `stored`: the user, the options, the
+/// PMI folders.
+pub(super) fn build_spec(ctx: &StepContext, stored: &StoredImage) -> Result<ContainerSpec, String> {
+    let options = &ctx.options;
     let mounts = match &options.mounts {
         Some(text) => parse_mounts(text).map_err(|e| format!("--container-mounts: {e}"))?,
         None => Vec::new(),
     };
-    let job_env = spank.job_env().map_err(|e| e.to_string())?;
-    let mut spec = ContainerSpec::new(stored.squashfs.clone(), stored.config.clone(), user);
+    let mut spec = ContainerSpec::new(
+        stored.squashfs.clone(),
+        stored.config.clone(),
+        ctx.user.clone(),
+    );
     spec.mounts = mounts;
     spec.workdir = options.workdir.clone();
-    spec.extra_binds = pmi_binds(&job_env);
-    if step == ffi::SLURM_BATCH_SCRIPT {
-        spec.extra_binds.push(batch_script_bind(spank)?);
-    }
+    spec.extra_binds = pmi_binds(&ctx.job_env);
+    spec.extra_binds.extend(ctx.batch_script.clone());
     spec.writable = options.writable.unwrap_or(true);
     spec.mount_home = options.mount_home.unwrap_or(false);
     spec.remap_root = options.remap_root.unwrap_or(false);
@@ -144,43 +293,40 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
         spec.unshare =
             Namespace::parse_list(list).map_err(|e| format!("--container-unshare={list}: {e}"))?;
     }
-    let keep_job_env = match &options.env {
-        Some(list) => env_names(list).map_err(|e| format!("--container-env={list}: {e}"))?,
-        None => Vec::new(),
+    if runs_entrypoint(options, ctx.config) {
+        spec.entrypoint = entrypoint_run(&stored.config, &ctx.job_env, &keep_job_env(options)?);
+    }
+    Ok(spec)
+}
+
+/// Logs what the image ENTRYPOINT did at creation and, with
+/// `--container-entrypoint-log`, shows its output to the user.
+pub(super) fn report_entrypoint(ctx: &StepContext, container: &Container) {
+    let Some(outcome) = container.entrypoint_outcome() else {
+        return;
     };
-    if runs_entrypoint(&options, config) {
-        spec.entrypoint = entrypoint_run(&stored.config, &job_env, &keep_job_env);
-    }
-    // spawn_holder takes root for the mounts and the id maps itself.
-    let container = spawn_holder(&config.helper_path, &spec, Mode::Privileged)
-        .map_err(|e| format!("cannot start the container for image '{image}': {e:#}"))?;
-    if let Some(outcome) = container.entrypoint_outcome() {
-        handle::log_verbose(&format!(
-            "job {job} step {step}: the image ENTRYPOINT ran: {} variables set, {} removed",
-            outcome.set.len(),
-            outcome.unset.len()
-        ));
-        let names: Vec<&str> = outcome.set.iter().map(|(n, _)| n.as_str()).collect();
-        handle::log_debug(&format!(
-            "job {job} step {step}: ENTRYPOINT set {names:?}, removed {:?}",
-            outcome.unset
-        ));
-    }
-    if options.entrypoint_log == Some(true) {
-        show_entrypoint_log(&container);
-    }
-    *CONTAINER.lock().unwrap_or_else(|p| p.into_inner()) = Some(StepContainer {
-        container,
-        keep_job_env,
-        _image_hold: image_hold,
-    });
-    handle::log_info(&format!(
-        "job {job} step {step}: image {image} ({}) ready in {:.0} ms (pull/lookup {:.0} ms)",
-        stored.manifest_digest.as_deref().unwrap_or("squashfs file"),
-        started.elapsed().as_secs_f64() * 1e3,
-        pulled.as_secs_f64() * 1e3,
+    let (job, step) = (ctx.job, ctx.step);
+    handle::log_verbose(&format!(
+        "job {job} step {step}: the image ENTRYPOINT ran: {} variables set, {} removed",
+        outcome.set.len(),
+        outcome.unset.len()
     ));
-    Ok(())
+    let names: Vec<&str> = outcome.set.iter().map(|(n, _)| n.as_str()).collect();
+    handle::log_debug(&format!(
+        "job {job} step {step}: ENTRYPOINT set {names:?}, removed {:?}",
+        outcome.unset
+    ));
+    if ctx.options.entrypoint_log == Some(true) {
+        show_entrypoint_log(container);
+    }
+}
+
+/// `--container-env`'s names.
+pub(super) fn keep_job_env(options: &JobOptions) -> Result<Vec<String>, String> {
+    match &options.env {
+        Some(list) => env_names(list).map_err(|e| format!("--container-env={list}: {e}")),
+        None => Ok(Vec::new()),
+    }
 }
 
 /// Joins the calling task to the step's container and applies the image env.
@@ -255,7 +401,74 @@ fn show_entrypoint_log(container: &Container) {
     }
 }
 
-/// Lets go of the container's namespaces.
+/// After each local task: the last one lets go of the container and, with
+/// `--container-save`, saves its root file system.
+pub fn task_exit(spank: &Spank) -> Result<(), String> {
+    let exited = TASKS_EXITED.fetch_add(1, Ordering::SeqCst) + 1;
+    let tasks = spank.local_task_count().map_err(|e| e.to_string())?;
+    if exited < tasks {
+        return Ok(());
+    }
+    let Some(step) = CONTAINER.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+        return Ok(());
+    };
+    let StepContainer {
+        container,
+        image_hold,
+        named,
+        save,
+        ..
+    } = step;
+    // The namespaces go first: the saved tree must not change any more.
+    drop(container);
+    drop(named);
+    let result = match &save {
+        Some(save) => save_root(spank, &save.request),
+        None => Ok(()),
+    };
+    if let Some(scratch) = save.and_then(|s| s.scratch) {
+        let _ = with_root(|| std::fs::remove_dir_all(&scratch));
+    }
+    drop(image_hold);
+    result
+}
+
+/// Runs the save helper (full root; it writes the file as the user).
+fn save_root(spank: &Spank, request: &SaveRequest) -> Result<(), String> {
+    let started = Instant::now();
+    let json = serde_json::to_string(request).map_err(|e| e.to_string())?;
+    let helper = &super::plugin::config().helper_path;
+    let mut command = Command::new(helper);
+    command
+        .arg(SAVE_ARG)
+        .arg(json)
+        .stdin(Stdio::null())
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+    crate::privilege::run_as_full_root(&mut command);
+    let output = with_root(|| command.output()).map_err(|e| {
+        format!(
+            "--container-save: cannot run the berth helper {}: {e}",
+            helper.display()
+        )
+    })?;
+    let node = spank.getenv("SLURMD_NODENAME").unwrap_or_default();
+    if !output.status.success() {
+        return Err(format!(
+            "--container-save: could not save the container to {} on {node}: {}",
+            request.output.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
+    }
+    handle::log_info(&format!(
+        "saved the container to {} on {node} in {:.1} s",
+        request.output.display(),
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(())
+}
+
+/// Lets go of the container's namespaces (if the tasks did not already).
 pub fn exit() {
     CONTAINER.lock().unwrap_or_else(|p| p.into_inner()).take();
 }
@@ -285,7 +498,7 @@ fn pmi_binds(job_env: &[String]) -> Vec<MountSpec> {
 
 /// Pulls the image and takes a shared hold on it for the step. `berth gc` may
 /// remove an image between the pull and the hold: then pull once more.
-fn pull_and_hold(
+pub(super) fn pull_and_hold(
     config: &Config,
     store: &Path,
     image: &str,
@@ -337,71 +550,6 @@ fn pull(config: &Config, store: &Path, image: &str) -> Result<StoredImage, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn entrypoint_follows_the_option_then_the_plugstack() {
-        let mut config = Config::default();
-        let mut options = JobOptions::default();
-        assert!(!runs_entrypoint(&options, &config), "pyxis default: off");
-        config.execute_entrypoint = true;
-        assert!(runs_entrypoint(&options, &config));
-        options.entrypoint = Some(false);
-        assert!(!runs_entrypoint(&options, &config));
-        config.execute_entrypoint = false;
-        options.entrypoint = Some(true);
-        assert!(runs_entrypoint(&options, &config));
-    }
-
-    #[test]
-    fn entrypoint_starts_with_the_task_environment() {
-        let image = ImageConfig {
-            entrypoint: Some(vec!["/init".into()]),
-            env: vec!["PATH=/image/bin".into(), "LANG=C".into()],
-            ..ImageConfig::default()
-        };
-        let job = vec![
-            "PATH=/job/bin".to_string(),
-            "LANG=de_DE".to_string(),
-            "SLURM_JOB_ID=7".to_string(),
-        ];
-        let run = entrypoint_run(&image, &job, &["LANG".to_string()]).unwrap();
-        assert_eq!(run.command, vec!["/init".to_string()]);
-        let value = |name: &str| {
-            run.env
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.as_str())
-        };
-        assert_eq!(value("PATH"), Some("/image/bin"), "the image's Env wins");
-        assert_eq!(
-            value("LANG"),
-            Some("de_DE"),
-            "--container-env keeps the job's"
-        );
-        assert_eq!(value("SLURM_JOB_ID"), Some("7"));
-        let none = ImageConfig {
-            entrypoint: Some(Vec::new()),
-            ..ImageConfig::default()
-        };
-        assert!(entrypoint_run(&none, &job, &[]).is_none());
-        assert!(entrypoint_run(&ImageConfig::default(), &job, &[]).is_none());
-    }
-
-    #[test]
-    fn batch_step_needs_sbatch_support() {
-        let options = JobOptions {
-            image: Some("busybox".into()),
-            ..Default::default()
-        };
-        let mut config = Config::default();
-        assert!(wants_container(0, &options, &config));
-        assert!(wants_container(ffi::SLURM_BATCH_SCRIPT, &options, &config));
-        assert!(!wants_container(ffi::SLURM_EXTERN_CONT, &options, &config));
-        config.sbatch_support = false;
-        assert!(!wants_container(ffi::SLURM_BATCH_SCRIPT, &options, &config));
-        assert!(wants_container(3, &options, &config));
-        assert!(!wants_container(3, &JobOptions::default(), &config));
-    }
 
     #[test]
     fn pmi_binds_keep_existing_dirs_outside_tmp() {

@@ -28,7 +28,7 @@
 //! cannot start it from the store either.
 
 mod catalog;
-mod fsutil;
+pub(crate) mod fsutil;
 mod gc;
 mod hold;
 mod inspect;

@@ -1,0 +1,268 @@
+//! `--container-save`: a container's root file system, the image with the
+//! changes kept in an on-disk upper folder, packed into a squashfs file that
+//! the user owns and can run again with `--container-image=PATH`.
+//!
+//! The helper (`berth __save REQUEST`, full root) works in a private mount
+//! namespace: the image on a loop device, a read-only overlay of the upper
+//! folder on top of it (the kernel applies the whiteouts), then `gensquashfs`
+//! packs that tree. The output is created and renamed into place with the
+//! user's ids, so the user's own permissions decide where it may go; root
+//! only reads. Everything mounted vanishes with the helper.
+
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+use nix::sched::{unshare, CloneFlags};
+use serde::{Deserialize, Serialize};
+
+use crate::container::holder::STAGING_DIR;
+use crate::container::loopdev::LoopDevice;
+use crate::container::mounts;
+use crate::image::squashfs::SquashfsOptions;
+
+/// The first argument that makes the `berth` binary run [`save_main`].
+pub const SAVE_ARG: &str = "__save";
+
+/// The squashfs packer of squashfs-tools-ng.
+const GENSQUASHFS: &str = "gensquashfs";
+
+/// What to save, and where, for whom.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SaveRequest {
+    /// The image the container was made from.
+    pub squashfs: PathBuf,
+    /// The overlay's upper folder with the container's changes.
+    pub upper: PathBuf,
+    /// The file to write (absolute).
+    pub output: PathBuf,
+    /// The user the file is written as.
+    pub uid: u32,
+    /// Their primary group.
+    pub gid: u32,
+    /// All their groups.
+    pub groups: Vec<u32>,
+}
+
+/// Checks, as the calling user, that `output` can be written: an absolute
+/// path whose folder exists and is writable, and that is not a folder itself.
+/// Run with the user's effective ids (slurmstepd's `user_init`).
+pub fn check_output(output: &Path) -> Result<(), String> {
+    let parent = output
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .ok_or_else(|| format!("'{}' has no folder", output.display()))?;
+    if output.is_dir() {
+        return Err(format!(
+            "'{}' is a folder; give a file name, e.g. {}/image.sqfs",
+            output.display(),
+            output.display()
+        ));
+    }
+    if !parent.is_dir() {
+        return Err(format!(
+            "folder {} does not exist on this node; create it first",
+            parent.display()
+        ));
+    }
+    if !effective_can_write(parent) {
+        return Err(format!(
+            "you cannot write to folder {}; choose a folder of yours",
+            parent.display()
+        ));
+    }
+    Ok(())
+}
+
+/// faccessat with the effective ids (access(2) checks the real ones).
+fn effective_can_write(dir: &Path) -> bool {
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: a valid NUL-terminated path; faccessat only reads it.
+    unsafe {
+        libc::faccessat(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::W_OK | libc::X_OK,
+            libc::AT_EACCESS,
+        ) == 0
+    }
+}
+
+/// Entry point of the helper (`berth __save REQUEST_JSON`); returns the exit code.
+pub fn save_main(args: &[OsString]) -> i32 {
+    let result = (|| -> Result<()> {
+        let [json] = args else {
+            bail!("'{SAVE_ARG}' is internal: berth starts it itself with one JSON argument");
+        };
+        let request: SaveRequest =
+            serde_json::from_str(&json.to_string_lossy()).context("unreadable save request")?;
+        save(&request)
+    })();
+    match result {
+        Ok(()) => 0,
+        Err(err) => {
+            eprintln!("{err:#}");
+            1
+        }
+    }
+}
+
+/// Packs the image plus `request.upper` into `request.output` (see the module).
+pub fn save(request: &SaveRequest) -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!("saving a container root needs root (the plugin runs it as root)");
+    }
+    unshare(CloneFlags::CLONE_NEWNS)
+        .context("cannot create a private mount namespace (unshare CLONE_NEWNS)")?;
+    mounts::make_all_private()?;
+    let staging = Path::new(STAGING_DIR);
+    std::fs::create_dir_all(staging)
+        .with_context(|| format!("cannot create {}", staging.display()))?;
+    mounts::mount_tmpfs(staging)?;
+    let lower = staging.join("lower");
+    let root = staging.join("root");
+    for dir in [&lower, &root] {
+        std::fs::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    {
+        let device = LoopDevice::attach_read_only(&request.squashfs)?;
+        mounts::mount_squashfs(device.path(), &request.squashfs, &lower)?;
+    }
+    mounts::mount_overlay_read_only(&[&request.upper, &lower], &root)?;
+
+    let temp = temp_path(&request.output);
+    let file = as_user(request, || {
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&temp)
+    })
+    .with_context(|| format!("cannot create {} as uid {}", temp.display(), request.uid))?;
+    let packed = pack(&root, &file);
+    drop(file);
+    let placed = packed.and_then(|()| {
+        as_user(request, || std::fs::rename(&temp, &request.output)).with_context(|| {
+            format!(
+                "cannot rename {} to {}",
+                temp.display(),
+                request.output.display()
+            )
+        })
+    });
+    if placed.is_err() {
+        let _ = as_user(request, || std::fs::remove_file(&temp));
+    }
+    placed
+}
+
+/// `.NAME.berth-save-PID` next to `output`.
+fn temp_path(output: &Path) -> PathBuf {
+    let name = output
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    output.with_file_name(format!(".{name}.berth-save-{}", std::process::id()))
+}
+
+/// Runs gensquashfs on `root`, writing into `file` (reopened through /proc,
+/// so gensquashfs, root, writes the file the user created). No
+/// `--one-file-system`: the overlay reports its files with the device of the
+/// layer they come from, and nothing else is mounted below `root`.
+fn pack(root: &Path, file: &File) -> Result<()> {
+    let options = SquashfsOptions::default();
+    let mut command = Command::new(GENSQUASHFS);
+    command
+        .args(["--pack-dir"])
+        .arg(root)
+        .args(["--keep-time", "--quiet", "--force"])
+        .args(["--compressor", &options.compressor]);
+    if let Some(extra) = &options.compressor_options {
+        command.args(["--comp-extra", extra]);
+    }
+    command
+        .args(["--num-jobs", &options.jobs.max(1).to_string()])
+        .arg(format!(
+            "/proc/{}/fd/{}",
+            std::process::id(),
+            file.as_raw_fd()
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let output = command.output().map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            anyhow::anyhow!(
+                "cannot run {GENSQUASHFS}: it is not installed; install squashfs-tools-ng"
+            )
+        } else {
+            anyhow::anyhow!("cannot run {GENSQUASHFS}: {e}")
+        }
+    })?;
+    if !output.status.success() {
+        bail!(
+            "{GENSQUASHFS} failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Runs `f` with the effective uid, gid and groups of the request's user,
+/// then takes root back. The helper is single-threaded, so the switch
+/// covers everything `f` does.
+fn as_user<T>(request: &SaveRequest, f: impl FnOnce() -> std::io::Result<T>) -> std::io::Result<T> {
+    let groups: Vec<libc::gid_t> = request.groups.clone();
+    // SAFETY: plain set*id calls in a single-threaded process; the group
+    // list pointer and length describe `groups`.
+    let switched = unsafe {
+        libc::setgroups(groups.len(), groups.as_ptr()) == 0
+            && libc::setegid(request.gid) == 0
+            && libc::seteuid(request.uid) == 0
+    };
+    let result = if switched {
+        f()
+    } else {
+        Err(std::io::Error::last_os_error())
+    };
+    // SAFETY: as above; the saved uid is still 0, so root comes back.
+    unsafe {
+        libc::seteuid(0);
+        libc::setegid(0);
+        libc::setgroups(0, std::ptr::null());
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_checks_name_the_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = check_output(dir.path()).unwrap_err();
+        assert!(e.contains("is a folder"), "{e}");
+        let e = check_output(&dir.path().join("missing/x.sqfs")).unwrap_err();
+        assert!(e.contains("does not exist"), "{e}");
+        assert!(check_output(&dir.path().join("x.sqfs")).is_ok());
+    }
+
+    #[test]
+    fn temp_sits_next_to_the_output() {
+        let temp = temp_path(Path::new("/a/b/img.sqfs"));
+        assert_eq!(temp.parent(), Some(Path::new("/a/b")));
+        assert!(temp
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with(".img.sqfs.berth-save-"));
+    }
+}

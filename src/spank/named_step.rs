@@ -1,0 +1,227 @@
+//! slurmstepd, `--container-name`: join, reuse or create a named container
+//! (see [`crate::named`] for where they live and how a running one is found).
+//!
+//! Everything runs as root under the name's decision lock: find the steps
+//! that run it, load its folder, [`decide`], then join the running step's
+//! namespaces or build a container on the kept root, and publish this step's
+//! record so later steps can join it too.
+
+use std::fs::File;
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::handle;
+use super::remote::{
+    build_spec, keep_job_env, pull_and_hold, save_request, PendingSave, StepContainer, StepContext,
+};
+use crate::config::Config;
+use crate::container::{spawn_holder, Container, ContainerSpec, Mode};
+use crate::named::running::Publication;
+use crate::named::{
+    decide, Action, ContainerName, NamedKey, NamedMeta, NamedRoot, NamedRoots, Registry,
+    RunningStep, Scope,
+};
+use crate::privilege::with_root;
+use crate::store::{ImageHold, StoredImage};
+
+/// What a step using a named container holds until it lets go.
+pub(super) struct NamedUse {
+    /// This step's record: later steps may join through it.
+    _publication: Publication,
+    /// A shared lock on the container's folder: `berth containers rm` waits.
+    _hold: Option<File>,
+}
+
+/// Starts this step in the named container `name`; returns the container
+/// and what was done (joined, reused, created), for the log.
+pub(super) fn start(
+    ctx: &StepContext,
+    name: &ContainerName,
+) -> Result<(StepContainer, String), String> {
+    let scope = match ctx.config.container_scope.as_str() {
+        "global" => Scope::Global,
+        _ => Scope::Job(ctx.job),
+    };
+    let key = NamedKey {
+        uid: ctx.user.uid,
+        scope,
+        name: name.name.clone(),
+    };
+    with_root(|| start_as_root(ctx, name, &key))
+}
+
+fn start_as_root(
+    ctx: &StepContext,
+    name: &ContainerName,
+    key: &NamedKey,
+) -> Result<(StepContainer, String), String> {
+    let describe = |e: anyhow::Error| format!("named container {}: {e:#}", key.describe());
+    let registry = Registry::new(&ctx.config.runtime_dir, &ctx.node);
+    let roots = NamedRoots::new(&ctx.store);
+    let _decision = registry.lock(key).map_err(describe)?;
+    let running = registry.running(key).map_err(describe)?;
+    let existing = roots.load(key).map_err(describe)?;
+    let action = decide(
+        name,
+        existing.is_some(),
+        !running.is_empty(),
+        ctx.options.image.is_some(),
+    )?;
+    let hold = |root: &NamedRoot| root.hold().map_err(describe);
+    let (container, spec, holds, image_hold, what) = match (action, existing) {
+        (Action::Join, existing) => {
+            let record = &running[0];
+            let mut spec = record.spec.clone();
+            if let Some(workdir) = &ctx.options.workdir {
+                spec.workdir = Some(workdir.clone());
+            }
+            if ctx.options.mounts.is_some() {
+                handle::log_info("ignoring --container-mounts when joining a running container");
+            }
+            let container = record.open_with(&spec).map_err(describe)?;
+            let holds = existing.as_ref().map(hold).transpose()?;
+            let what = format!(
+                "'{}' joined (running in step {}.{})",
+                key.name, record.job, record.step
+            );
+            (container, spec, holds, None, what)
+        }
+        (Action::Reuse, Some(root)) => {
+            let held = hold(&root)?;
+            let (stored, image_hold) = root_image(ctx.config, &ctx.store, &root)?;
+            let (container, spec) = build(ctx, &stored, &root)?;
+            let what = format!("'{}' started on its kept root", key.name);
+            (container, spec, Some(held), image_hold, what)
+        }
+        (_, _) => {
+            let image = ctx.options.image.clone().unwrap_or_default();
+            let (stored, image_hold) = pull_and_hold(ctx.config, &ctx.store, &image)?;
+            let meta = NamedMeta {
+                name: key.name.clone(),
+                uid: key.uid,
+                scope: key.scope,
+                image: image.clone(),
+                manifest_digest: stored.manifest_digest.clone(),
+                squashfs: stored.squashfs.clone(),
+                created: SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
+            };
+            let root = roots.create(key, &meta).map_err(describe)?;
+            let held = hold(&root)?;
+            let (container, spec) = build(ctx, &stored, &root)?;
+            let what = format!("'{}' created from {image}", key.name);
+            (container, spec, Some(held), image_hold, what)
+        }
+    };
+    let record =
+        RunningStep::of_container(&container, &spec, ctx.job, ctx.step).map_err(describe)?;
+    let publication = registry.publish(key, &record).map_err(describe)?;
+    let save = ctx.save_to.as_ref().map(|output| {
+        let overlay_dir = roots.dir(key);
+        PendingSave {
+            request: save_request(&spec, &overlay_dir, output),
+            scratch: None,
+        }
+    });
+    let step = StepContainer {
+        container,
+        keep_job_env: keep_job_env(&ctx.options)?,
+        image_hold,
+        named: Some(NamedUse {
+            _publication: publication,
+            _hold: holds,
+        }),
+        save,
+    };
+    Ok((step, what))
+}
+
+/// Builds a container on the kept root of `root`.
+fn build(
+    ctx: &StepContext,
+    stored: &StoredImage,
+    root: &NamedRoot,
+) -> Result<(Container, ContainerSpec), String> {
+    let mut spec = build_spec(ctx, stored)?;
+    spec.upper_dir = Some(root.overlay_dir().to_path_buf());
+    let container =
+        spawn_holder(&ctx.config.helper_path, &spec, Mode::Privileged).map_err(|e| {
+            format!(
+                "cannot start named container '{}' (image {}): {e:#}",
+                root.meta.name, root.meta.image
+            )
+        })?;
+    super::remote::report_entrypoint(ctx, &container);
+    Ok((container, spec))
+}
+
+/// The image a named container was made from: from the store by digest
+/// when it is still there, else pulled again (and it must be the same).
+fn root_image(
+    config: &Config,
+    store: &Path,
+    root: &NamedRoot,
+) -> Result<(StoredImage, Option<ImageHold>), String> {
+    let meta = &root.meta;
+    if let Some(digest) = &meta.manifest_digest {
+        let opened = crate::store::Store::open_unswept(store).map_err(|e| format!("{e:#}"))?;
+        if let Some(stored) = opened.lookup_digest(digest).map_err(|e| format!("{e:#}"))? {
+            if let Ok(hold) = opened.hold(&stored) {
+                return Ok((stored, Some(hold)));
+            }
+        }
+    }
+    let (stored, hold) = pull_and_hold(config, store, &meta.image)?;
+    if stored.manifest_digest != meta.manifest_digest {
+        return Err(format!(
+            "named container '{}' was made from image {} ({}), which is no longer in the node \
+             store, and {} now names another image ({}); remove the container (berth \
+             containers rm) or use another name",
+            meta.name,
+            meta.image,
+            meta.manifest_digest.as_deref().unwrap_or("a squashfs file"),
+            meta.image,
+            stored
+                .manifest_digest
+                .as_deref()
+                .unwrap_or("a squashfs file"),
+        ));
+    }
+    Ok((stored, hold))
+}
+
+/// slurmd's job epilog on each node (root): removes the job-scoped named
+/// containers of the job and their records. Their mounts are already gone:
+/// they lived only in the namespaces of the job's steps.
+pub(super) fn job_epilog(spank: &super::handle::Spank, config: &Config) -> Result<(), String> {
+    let job = match std::env::var("SLURM_JOB_ID")
+        .ok()
+        .and_then(|j| j.parse().ok())
+    {
+        Some(job) => job,
+        None => spank.job_id().map_err(|e| e.to_string())?,
+    };
+    let node = std::env::var("SLURMD_NODENAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .or_else(|| {
+            nix::unistd::gethostname()
+                .ok()
+                .map(|h| h.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default();
+    let store = config.store_path_for_node(&node);
+    let removed = NamedRoots::new(&store)
+        .remove_job(job)
+        .map_err(|e| format!("cannot remove the named containers of job {job}: {e:#}"))?;
+    Registry::new(&config.runtime_dir, &node)
+        .remove_job(job)
+        .map_err(|e| format!("cannot remove the records of job {job}: {e:#}"))?;
+    if !removed.is_empty() {
+        handle::log_verbose(&format!(
+            "job {job}: removed its named containers on {node}"
+        ));
+    }
+    Ok(())
+}

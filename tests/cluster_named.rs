@@ -1,0 +1,492 @@
+//! Named containers (`--container-name`) and `--container-save` on the real
+//! test cluster, as root and as the ordinary test user (see tests/common).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::{Cluster, Submitter, BOTH};
+
+macro_rules! cluster_or_skip {
+    () => {
+        match Cluster::get() {
+            Some(cluster) => cluster,
+            None => return,
+        }
+    };
+}
+
+/// The global-scope test rewrites the plugstack line; the other tests here
+/// must not run meanwhile (their containers would become global).
+static SCOPE: Mutex<()> = Mutex::new(());
+
+fn scope_lock() -> std::sync::MutexGuard<'static, ()> {
+    SCOPE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn uid_of(who: Submitter) -> u32 {
+    match who {
+        Submitter::Root => 0,
+        Submitter::User => {
+            let out = std::process::Command::new("id")
+                .args(["-u", common::TEST_USER])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+        }
+    }
+}
+
+/// The node store of `node`.
+fn store_of(cluster: &Cluster, node: &str) -> PathBuf {
+    Path::new(&cluster.var("BERTH_TEST_STATE_DIR"))
+        .join("nodes")
+        .join(node)
+        .join("berth-store")
+}
+
+/// The installed `berth` of the cluster.
+fn berth(cluster: &Cluster) -> PathBuf {
+    Path::new(&cluster.var("BERTH_TEST_STATE_DIR")).join("prefix/bin/berth")
+}
+
+fn first_node(cluster: &Cluster) -> String {
+    cluster
+        .var("BERTH_TEST_NODE_NAMES")
+        .split([' ', ','])
+        .find(|n| !n.is_empty())
+        .expect("a node name")
+        .to_string()
+}
+
+/// Runs `script` (sh) in a one-node allocation as `who`; `srun` steps in it
+/// share the node (`S` is `srun --overlap -n1`). Returns the run, the job id
+/// and the node.
+fn in_allocation(cluster: &Cluster, who: Submitter, script: &str) -> (common::Run, u32, String) {
+    let full = format!(
+        "S='srun --overlap -n1'\necho JOB=$SLURM_JOB_ID NODE=$SLURM_JOB_NODELIST\n{script}"
+    );
+    let run = cluster.slurm(who, "salloc", &["-N1", "sh", "-c", &full]);
+    let line = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("JOB="))
+        .unwrap_or_else(|| panic!("no JOB= line\n{}\n{}", run.stdout, run.stderr))
+        .to_string();
+    let mut fields = line.split_whitespace();
+    let job = fields.next().unwrap()["JOB=".len()..].parse().unwrap();
+    let node = fields.next().unwrap()["NODE=".len()..].to_string();
+    (run, job, node)
+}
+
+/// Mount table lines, in every mount namespace of the host, that mention `needle`.
+fn mounts_mentioning(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) {
+            found.extend(
+                text.lines()
+                    .filter(|l| l.contains(needle))
+                    .map(|l| format!("pid {pid}: {l}")),
+            );
+        }
+    }
+    found
+}
+
+/// The image's own `/tmp` (1777) instead of the node's: the one place of the
+/// test image's root file system the ordinary user may write to.
+const IMAGE_TMP: &str = "--container-mounts=umount:/tmp";
+
+fn assert_has(text: &str, needle: &str, context: &str) {
+    assert!(text.contains(needle), "{context}: no '{needle}' in\n{text}");
+}
+
+#[test]
+fn named_container_keeps_its_root_between_steps_and_goes_with_the_job() {
+    let cluster = cluster_or_skip!();
+    let _scope = scope_lock();
+    let image = cluster.image("busybox:latest");
+    for who in BOTH {
+        // Only root may delete the image's files (a whiteout in the kept root).
+        let remove = match who {
+            Submitter::Root => "rm /etc/os-release",
+            Submitter::User => "true",
+        };
+        let script = format!(
+            r#"
+img={image}
+M={IMAGE_TMP}
+$S --container-image=$img --container-name=keep $M sh -c 'echo one > /tmp/kept-file && {remove}' && echo step1-ok
+$S --container-name=keep $M sh -c 'cat /tmp/kept-file; test -e /etc/os-release || echo os-release-gone'
+$S --container-image=$img $M sh -c 'test -e /tmp/kept-file && echo LEAK || echo unnamed-fresh'
+$S --container-name=keep:no_exec $M cat /tmp/kept-file | sed 's/^/no_exec:/'
+$S --container-name=keep:create true 2>&1 | sed 's/^/create:/'
+$S --container-name=keep:exec true 2>&1 | sed 's/^/exec:/'
+$S --container-name=nothere true 2>&1 | sed 's/^/missing:/'
+$S --container-name=fresh:create --container-image=$img $M sh -c 'test -e /tmp/kept-file && echo LEAK || echo created-fresh'
+"#
+        );
+        let (run, job, node) = in_allocation(&cluster, who, &script);
+        let out = format!("{}\n{}", run.stdout, run.stderr);
+        let ctx = format!("{who:?}");
+        assert_has(&out, "step1-ok", &ctx);
+        assert!(run.stdout.lines().any(|l| l == "one"), "{ctx}: {out}");
+        if who == Submitter::Root {
+            assert_has(&out, "os-release-gone", &ctx);
+        }
+        assert_has(&out, "unnamed-fresh", &ctx);
+        assert_has(&out, "no_exec:one", &ctx);
+        assert_has(&out, "already exists", &ctx);
+        assert_has(&out, "no step on this node runs container 'keep'", &ctx);
+        assert_has(&out, "--container-image is not given", &ctx);
+        assert_has(&out, "created-fresh", &ctx);
+        assert!(!out.contains("LEAK"), "{ctx}: {out}");
+
+        // Scope job: the epilog removes the containers; no mount is left.
+        let job_dir = store_of(&cluster, &node)
+            .join("containers")
+            .join(uid_of(who).to_string())
+            .join(format!("job-{job}"));
+        assert!(
+            common::wait_for(Duration::from_secs(30), || !job_dir.exists()),
+            "{ctx}: {} still exists after the job",
+            job_dir.display()
+        );
+        let left = mounts_mentioning(&format!("/job-{job}/"));
+        assert!(left.is_empty(), "{ctx}: mounts left: {left:#?}");
+    }
+}
+
+#[test]
+fn exec_joins_the_running_step_and_no_exec_does_not() {
+    let cluster = cluster_or_skip!();
+    let _scope = scope_lock();
+    let image = cluster.image("busybox:latest");
+    for who in BOTH {
+        // Step 1 keeps running with a tmpfs only its mount namespace has.
+        let script = format!(
+            r#"
+stop=/tmp/berth-named-stop-$SLURM_JOB_ID
+rm -f $stop
+$S --container-image={image} --container-name=live --container-mounts=tmpfs:/scratch sh -c "echo inside > /scratch/marker; while [ ! -e $stop ]; do sleep 0.1; done" &
+bg=$!
+out=none
+for i in $(seq 1 100); do
+    out=$($S --container-name=live:exec cat /scratch/marker 2>/dev/null) && break
+    sleep 0.2
+done
+echo "exec:$out"
+$S --container-name=live cat /scratch/marker | sed 's/^/auto:/'
+$S --container-name=live:no_exec true 2>&1 | sed 's/^/no_exec-running:/'
+$S touch $stop
+wait $bg && echo step1-done
+rm -f $stop
+$S --container-name=live:no_exec sh -c 'test -e /scratch/marker && echo LEAK || echo own-namespaces'
+$S --container-name=live:exec true 2>&1 | sed 's/^/exec-after:/'
+"#
+        );
+        let (run, _, _) = in_allocation(&cluster, who, &script);
+        let out = format!("{}\n{}", run.stdout, run.stderr);
+        let ctx = format!("{who:?}");
+        assert_has(&out, "exec:inside", &ctx);
+        assert_has(&out, "auto:inside", &ctx);
+        assert_has(&out, "no_exec-running:", &ctx);
+        assert_has(&out, "is running in another step", &ctx);
+        assert_has(&out, "step1-done", &ctx);
+        assert_has(&out, "own-namespaces", &ctx);
+        assert_has(&out, "no step on this node runs container 'live'", &ctx);
+        assert!(!out.contains("LEAK"), "{ctx}: {out}");
+    }
+}
+
+/// Puts `container_scope=global` on the cluster's plugstack line until dropped.
+struct GlobalScope {
+    file: PathBuf,
+    original: String,
+}
+
+impl GlobalScope {
+    fn set(cluster: &Cluster) -> GlobalScope {
+        let file = Path::new(&cluster.var("BERTH_TEST_PLUGSTACK_DIR")).join("berth.conf");
+        let original = std::fs::read_to_string(&file).unwrap();
+        let line = format!("{} container_scope=global\n", original.trim_end());
+        replace_atomically(&file, &line);
+        GlobalScope { file, original }
+    }
+}
+
+impl Drop for GlobalScope {
+    fn drop(&mut self) {
+        replace_atomically(&self.file, &self.original);
+    }
+}
+
+/// Writes `text` to `file` through a rename: Slurm never reads half a line.
+fn replace_atomically(file: &Path, text: &str) {
+    let temp = file.with_extension("conf-new");
+    std::fs::write(&temp, text).unwrap();
+    std::fs::set_permissions(&temp, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    std::fs::rename(&temp, file).unwrap();
+}
+
+#[test]
+fn global_containers_persist_across_jobs_and_stay_private() {
+    let cluster = cluster_or_skip!();
+    let _scope = scope_lock();
+    let image = cluster.image("busybox:latest");
+    let node = first_node(&cluster);
+    let store = store_of(&cluster, &node);
+    let name = format!("g{}", std::process::id());
+    let berth = berth(&cluster);
+    let store_arg = format!("--store={}", store.display());
+    let _global = GlobalScope::set(&cluster);
+    let srun = |who: Submitter, args: &[&str]| {
+        let mut all = vec!["-N1", "-w", &node];
+        all.extend_from_slice(args);
+        cluster.srun(who, &all)
+    };
+    let named = format!("--container-name={name}");
+    let with_image = format!("--container-image={image}");
+    for who in BOTH {
+        let mark = format!("echo {who:?} > /tmp/owner");
+        srun(who, &[&with_image, &named, IMAGE_TMP, "sh", "-c", &mark]).ok();
+    }
+    // Second jobs: each user finds their own container, not the other's.
+    for who in BOTH {
+        let run = srun(who, &[&named, IMAGE_TMP, "cat", "/tmp/owner"]).ok();
+        assert_eq!(run.stdout.trim(), format!("{who:?}"), "{who:?}");
+    }
+    let root_dir = store.join("containers/0/global").join(&name);
+    assert!(root_dir.join("upper/tmp/owner").is_file());
+    // The user cannot look into root's containers folder.
+    let peek = std::process::Command::new("runuser")
+        .args(["-u", common::TEST_USER, "--", "ls"])
+        .arg(store.join("containers/0"))
+        .output()
+        .unwrap();
+    assert!(
+        !peek.status.success(),
+        "berthuser can list root's containers"
+    );
+
+    // berth containers list / rm (root, the admin).
+    let list = std::process::Command::new(&berth)
+        .args(["containers", "list", &store_arg])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert!(list.status.success(), "{text}");
+    assert!(
+        text.lines()
+            .filter(|l| l.contains(&name) && l.contains("global"))
+            .count()
+            == 2,
+        "{text}"
+    );
+    for user in ["root", common::TEST_USER] {
+        let rm = std::process::Command::new(&berth)
+            .args(["containers", "rm", &store_arg, "--user", user, &name])
+            .output()
+            .unwrap();
+        assert!(
+            rm.status.success(),
+            "{}",
+            String::from_utf8_lossy(&rm.stderr)
+        );
+    }
+    assert!(!root_dir.exists());
+    let run = srun(Submitter::User, &[&named, "true"]).failed();
+    assert_has(&run.stderr, "no container named", "after rm");
+    let by_user = std::process::Command::new("runuser")
+        .args(["-u", common::TEST_USER, "--"])
+        .arg(&berth)
+        .args(["containers", "list", &store_arg])
+        .output()
+        .unwrap();
+    assert!(!by_user.status.success());
+    assert_has(
+        &String::from_utf8_lossy(&by_user.stderr),
+        "belong to root",
+        "berth containers as a user",
+    );
+}
+
+#[test]
+fn save_writes_an_image_the_user_owns_and_can_run() {
+    let cluster = cluster_or_skip!();
+    let image = cluster.image("busybox:latest");
+    let work = cluster.var("BERTH_TEST_WORKDIR");
+    for who in BOTH {
+        let remove = match who {
+            Submitter::Root => "rm /etc/os-release",
+            Submitter::User => "true",
+        };
+        let saved = format!("{work}/saved-{who:?}-{}.sqfs", std::process::id());
+        let _ = std::fs::remove_file(&saved);
+        cluster
+            .srun(
+                who,
+                &[
+                    "-N1",
+                    &format!("--container-image={image}"),
+                    &format!("--container-save={saved}"),
+                    IMAGE_TMP,
+                    "sh",
+                    "-c",
+                    &format!("echo saved > /tmp/saved-file && {remove}"),
+                ],
+            )
+            .ok();
+        let meta = std::fs::metadata(&saved).unwrap_or_else(|e| panic!("{who:?}: {saved}: {e}"));
+        assert_eq!(
+            std::os::unix::fs::MetadataExt::uid(&meta),
+            uid_of(who),
+            "{who:?}: owner of the saved file"
+        );
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    "-N1",
+                    &format!("--container-image={saved}"),
+                    IMAGE_TMP,
+                    "sh",
+                    "-c",
+                    "cat /tmp/saved-file; test -e /etc/os-release && echo os-release-there \
+                     || echo whiteout-kept; test -x /bin/busybox && echo image-kept",
+                ],
+            )
+            .ok();
+        assert_has(&run.stdout, "saved", &format!("{who:?}"));
+        let whiteout = match who {
+            Submitter::Root => "whiteout-kept",
+            Submitter::User => "os-release-there",
+        };
+        assert_has(&run.stdout, whiteout, &format!("{who:?}"));
+        assert_has(&run.stdout, "image-kept", &format!("{who:?}"));
+        let _ = std::fs::remove_file(&saved);
+    }
+}
+
+#[test]
+fn save_relative_multi_node_and_bad_paths() {
+    let cluster = cluster_or_skip!();
+    let image = cluster.image("busybox:latest");
+    let work = cluster.var("BERTH_TEST_WORKDIR");
+    let with_image = format!("--container-image={image}");
+    // Relative to the job's working directory; two nodes write the same path.
+    let relative = format!("rel-{}.sqfs", std::process::id());
+    cluster
+        .srun(
+            Submitter::User,
+            &[
+                "-N2",
+                &with_image,
+                &format!("--container-save={relative}"),
+                IMAGE_TMP,
+                "sh",
+                "-c",
+                "echo $SLURMD_NODENAME > /tmp/node",
+            ],
+        )
+        .ok();
+    let saved = format!("{work}/{relative}");
+    let run = cluster
+        .srun(
+            Submitter::User,
+            &[
+                "-N1",
+                &format!("--container-image={saved}"),
+                IMAGE_TMP,
+                "cat",
+                "/tmp/node",
+            ],
+        )
+        .ok();
+    assert!(!run.stdout.trim().is_empty(), "{}", run.stderr);
+    let _ = std::fs::remove_file(&saved);
+
+    let run = cluster
+        .srun(
+            Submitter::User,
+            &[
+                "-N1",
+                &with_image,
+                "--container-save=/root/not-yours.sqfs",
+                "true",
+            ],
+        )
+        .failed();
+    assert_has(
+        &run.stderr,
+        "you cannot write to folder /root",
+        "user into /root",
+    );
+    let run = cluster
+        .srun(
+            Submitter::Root,
+            &[
+                "-N1",
+                &with_image,
+                "--container-save=/nonexistent-berth/x.sqfs",
+                "true",
+            ],
+        )
+        .failed();
+    assert_has(
+        &run.stderr,
+        "/nonexistent-berth does not exist",
+        "missing folder",
+    );
+    let run = cluster
+        .srun(
+            Submitter::User,
+            &["-N1", &with_image, "--container-save=/tmp/", "true"],
+        )
+        .failed();
+    assert_has(&run.stderr, "ends with '/'", "folder as path");
+    assert!(
+        !run.stderr.contains("Granted job allocation"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn named_container_saves_its_kept_root() {
+    let cluster = cluster_or_skip!();
+    let _scope = scope_lock();
+    let image = cluster.image("busybox:latest");
+    let work = cluster.var("BERTH_TEST_WORKDIR");
+    let saved = format!("{work}/named-saved-{}.sqfs", std::process::id());
+    let script = format!(
+        r#"
+$S --container-image={image} --container-name=tosave {IMAGE_TMP} sh -c 'echo first > /tmp/first'
+$S --container-name=tosave --container-save={saved} {IMAGE_TMP} sh -c 'echo second > /tmp/second' && echo saved-ok
+"#
+    );
+    let (run, _, _) = in_allocation(&cluster, Submitter::User, &script);
+    assert_has(&run.stdout, "saved-ok", &run.stderr);
+    let run = cluster
+        .srun(
+            Submitter::User,
+            &[
+                "-N1",
+                &format!("--container-image={saved}"),
+                IMAGE_TMP,
+                "cat",
+                "/tmp/first",
+                "/tmp/second",
+            ],
+        )
+        .ok();
+    assert_eq!(run.stdout, "first\nsecond\n");
+    let _ = std::fs::remove_file(&saved);
+}
