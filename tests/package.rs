@@ -199,7 +199,17 @@ fn package_installs_and_upgrades_under_a_running_job() {
     let after = std::fs::metadata(&plugin).unwrap().ino();
     assert_ne!(before, after, "dpkg replaced the plugin in place");
     let upgraded = dpkg(&root, &["-s", "berth"]);
-    assert!(upgraded.contains("Version: 0.1.0~test2"), "{upgraded}");
+    let version = output_of(
+        Command::new("dpkg-deb")
+            .arg("-f")
+            .arg(&second)
+            .arg("Version"),
+    );
+    let version = String::from_utf8_lossy(&version.stdout).trim().to_string();
+    assert!(
+        upgraded.contains(&format!("Version: {version}")),
+        "not upgraded to {version}:\n{upgraded}"
+    );
 
     let run = running.join().unwrap().ok();
     assert_eq!(run.stdout.matches("survived").count(), 2, "{}", run.stdout);

@@ -64,6 +64,8 @@ export BERTH_TEST_ENV=/run/$BERTH_TEST_NAME/env
 export BERTH_REQUIRE_CLUSTER=1
 log "unit and integration tests"
 cargo build --release --locked --examples
+# Every test binary now, so the later runs (package, leftovers) build nothing.
+cargo test --release --locked --no-run --test package --test cluster_leftovers
 cargo test --release --locked --no-fail-fast --lib --bins --test container_runtime --test container_join \
     --test store_cli --test cli --test cluster --test cluster_entry --test cluster_named --test umoci_equivalence --test fuzz_smoke --test security --test doctor -- --test-threads=2
 log "Debian package: two versions, installed and upgraded under a running job (alone: it switches the drop-in)"
