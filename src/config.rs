@@ -40,6 +40,35 @@ pub struct Config {
     pub container_scope: String,
     /// Whether `#SBATCH --container-*` applies to the batch script (pyxis: `sbatch_support`).
     pub sbatch_support: bool,
+    /// Injection settings: host MPI profiles, GPU and CDI locations.
+    pub inject: InjectConfig,
+}
+
+/// Where berth finds what it injects into containers (see `crate::inject`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InjectConfig {
+    /// Folder of the host MPI and interconnect profiles (`inject_dir`).
+    pub profile_dir: PathBuf,
+    /// Folder with the `nvidia*` device nodes (`gpu_dev_root`).
+    pub gpu_dev_root: PathBuf,
+    /// NVIDIA driver root searched before the host's loader cache (`gpu_driver_root`).
+    pub gpu_driver_root: Option<PathBuf>,
+    /// CDI spec folders (`cdi_spec_dirs`, comma-separated).
+    pub cdi_spec_dirs: Vec<PathBuf>,
+}
+
+impl Default for InjectConfig {
+    fn default() -> Self {
+        InjectConfig {
+            profile_dir: PathBuf::from(crate::inject::profile::DEFAULT_INJECT_DIR),
+            gpu_dev_root: PathBuf::from("/dev"),
+            gpu_driver_root: None,
+            cdi_spec_dirs: crate::inject::cdi::DEFAULT_SPEC_DIRS
+                .iter()
+                .map(PathBuf::from)
+                .collect(),
+        }
+    }
 }
 
 /// A configuration line or value that could not be used.
@@ -69,6 +98,10 @@ pub const KEYS: &[&str] = &[
     "execute_entrypoint",
     "container_scope",
     "sbatch_support",
+    "inject_dir",
+    "gpu_dev_root",
+    "gpu_driver_root",
+    "cdi_spec_dirs",
 ];
 
 impl Default for Config {
@@ -81,6 +114,7 @@ impl Default for Config {
             execute_entrypoint: false,
             container_scope: "job".to_string(),
             sbatch_support: true,
+            inject: InjectConfig::default(),
         }
     }
 }
@@ -203,6 +237,17 @@ impl Config {
                 self.sbatch_support = parse_bool(value).ok_or_else(|| {
                     err(format!("{key}={value}: expected 1/0, true/false, yes/no"))
                 })?
+            }
+            "inject_dir" => self.inject.profile_dir = absolute(value)?,
+            "gpu_dev_root" => self.inject.gpu_dev_root = absolute(value)?,
+            "gpu_driver_root" => self.inject.gpu_driver_root = Some(absolute(value)?),
+            "cdi_spec_dirs" => {
+                self.inject.cdi_spec_dirs = value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(absolute)
+                    .collect::<Result<_, _>>()?
             }
             "container_scope" => match value {
                 "job" | "global" => self.container_scope = value.to_string(),

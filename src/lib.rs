@@ -7,6 +7,7 @@
 pub mod config;
 pub mod container;
 pub mod image;
+pub mod inject;
 pub mod privilege;
 pub mod reference;
 pub mod registry;

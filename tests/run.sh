@@ -54,7 +54,7 @@ trap teardown EXIT
 tests/harness/registry.sh up
 source tests/harness/lib.sh >/dev/null
 # One store per node (%n), as on a real cluster with node-local NVMe.
-export BERTH_PLUGSTACK_LINE="required $PREFIX/lib/slurm/spank_berth.so helper_path=$PREFIX/bin/berth store_path=$STATE/nodes/%n/berth-store runtime_path=/run/$BERTH_TEST_NAME/berth insecure_registries=$REGISTRY_ADDR,$TOKEN_REGISTRY_ADDR"
+export BERTH_PLUGSTACK_LINE="required $PREFIX/lib/slurm/spank_berth.so helper_path=$PREFIX/bin/berth store_path=$STATE/nodes/%n/berth-store runtime_path=/run/$BERTH_TEST_NAME/berth insecure_registries=$REGISTRY_ADDR,$TOKEN_REGISTRY_ADDR inject_dir=$STATE/inject.d"
 tests/harness/cluster.sh up
 tests/harness/images.sh build
 tests/harness/images.sh push
@@ -64,6 +64,7 @@ export BERTH_REQUIRE_CLUSTER=1
 log "unit and integration tests"
 cargo build --release --locked --examples
 cargo test --release --locked --no-fail-fast --lib --bins --test container_runtime --test container_join \
-    --test store_cli --test cli --test cluster --test umoci_equivalence -- --test-threads=2
+    --test store_cli --test cli --test cluster --test umoci_equivalence \
+    --test cluster_mpi --test gpu_inject -- --test-threads=2
 log "leftover check (alone, after every other test)"
 cargo test --release --locked --test cluster_leftovers

@@ -52,6 +52,10 @@ pub struct ContainerSpec {
     /// without any privilege on the host.
     #[serde(default)]
     pub remap_root: bool,
+    /// Host libraries, GPUs and devices added to the container
+    /// (`--container-mpi`, the step's GPUs; see [`crate::inject`]).
+    #[serde(default)]
+    pub injection: crate::inject::Injection,
 }
 
 fn default_writable() -> bool {
@@ -114,6 +118,7 @@ impl ContainerSpec {
             mount_home: false,
             unshare: Vec::new(),
             remap_root: false,
+            injection: Default::default(),
         }
     }
 

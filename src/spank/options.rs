@@ -32,6 +32,8 @@ pub struct JobOptions {
     pub mount_home: Option<bool>,
     /// `--[no-]container-remap-root`
     pub remap_root: Option<bool>,
+    /// `--container-mpi`: the host MPI profile to inject (`none`: none).
+    pub mpi: Option<String>,
 }
 
 impl JobOptions {
@@ -51,6 +53,7 @@ impl JobOptions {
             Setting::Workdir => self.workdir.is_some(),
             Setting::Env => self.env.is_some(),
             Setting::Unshare => self.unshare.is_some(),
+            Setting::Mpi => self.mpi.is_some(),
             Setting::Writable(value) => self.writable == Some(value),
             Setting::MountHome(value) => self.mount_home == Some(value),
             Setting::RemapRoot(value) => self.remap_root == Some(value),
@@ -73,6 +76,7 @@ impl JobOptions {
             Setting::Workdir => self.workdir = Some(value),
             Setting::Env => self.env = Some(value),
             Setting::Unshare => self.unshare = Some(value),
+            Setting::Mpi => self.mpi = Some(value),
             Setting::Writable(v) => self.writable = Some(v),
             Setting::MountHome(v) => self.mount_home = Some(v),
             Setting::RemapRoot(v) => self.remap_root = Some(v),
@@ -88,6 +92,7 @@ enum Setting {
     Workdir,
     Env,
     Unshare,
+    Mpi,
     Writable(bool),
     MountHome(bool),
     RemapRoot(bool),
@@ -150,6 +155,14 @@ const TABLE: &[OptionDef] = &[
         env_suffix: Some("UNSHARE"),
     },
     OptionDef {
+        setting: Setting::Mpi,
+        name: c"container-mpi",
+        display_name: "--container-mpi",
+        arginfo: Some(c"PROFILE"),
+        usage: c"[berth] inject the host's MPI and interconnect libraries of this site profile (e.g. host; none: no profile)",
+        env_suffix: Some("MPI"),
+    },
+    OptionDef {
         setting: Setting::Writable(true),
         name: c"container-writable",
         display_name: "--container-writable",
@@ -208,6 +221,7 @@ static VALUES: Mutex<JobOptions> = Mutex::new(JobOptions {
     writable: None,
     mount_home: None,
     remap_root: None,
+    mpi: None,
 });
 
 /// Prefixes of the variables that stand in for options missing from the
@@ -305,6 +319,11 @@ fn check_value(setting: Setting, value: &str) -> Result<(), String> {
         )),
         Setting::Env => env_names(value).map(|_| ()),
         Setting::Unshare => Namespace::parse_list(value).map(|_| ()),
+        Setting::Mpi if value.is_empty() || value.contains('/') || value.starts_with('.') => {
+            Err(format!(
+                "'{value}' is not a profile name (the site's profiles are files in its inject_dir)"
+            ))
+        }
         _ => Ok(()),
     }
 }

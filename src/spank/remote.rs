@@ -119,6 +119,20 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
         spec.unshare =
             Namespace::parse_list(list).map_err(|e| format!("--container-unshare={list}: {e}"))?;
     }
+    let request = crate::inject::Request {
+        mpi: options.mpi.clone(),
+        gpus: crate::inject::gpu::step_gpus(|name| {
+            job_env
+                .iter()
+                .find_map(|e| e.strip_prefix(name)?.strip_prefix('='))
+        }),
+        cdi_devices: Vec::new(),
+    };
+    spec.injection = crate::inject::resolve(&config.inject, &request, &spec.image_config)
+        .map_err(|e| format!("image '{image}': {e:#}"))?;
+    spec.image_config
+        .env
+        .extend(spec.injection.env.iter().cloned());
     let keep_job_env = match &options.env {
         Some(list) => env_names(list).map_err(|e| format!("--container-env={list}: {e}"))?,
         None => Vec::new(),
@@ -132,10 +146,15 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
         _image_hold: image_hold,
     });
     handle::log_info(&format!(
-        "job {job} step {step}: image {image} ({}) ready in {:.0} ms (pull/lookup {:.0} ms)",
+        "job {job} step {step}: image {image} ({}) ready in {:.0} ms (pull/lookup {:.0} ms){}",
         stored.manifest_digest.as_deref().unwrap_or("squashfs file"),
         started.elapsed().as_secs_f64() * 1e3,
         pulled.as_secs_f64() * 1e3,
+        if spec.injection.is_empty() {
+            String::new()
+        } else {
+            format!("; injected: {}", spec.injection.summary.join(", "))
+        },
     ));
     Ok(())
 }
