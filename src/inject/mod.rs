@@ -122,10 +122,9 @@ pub fn resolve(
     request: &Request,
     image: &crate::image::ImageConfig,
 ) -> anyhow::Result<Injection> {
-    let host_cache = match ldcache::LdCache::read(std::path::Path::new("/etc/ld.so.cache")) {
-        Ok(cache) => cache,
-        Err(_) => ldcache::LdCache::default(),
-    };
+    // A host without a loader cache can still take profiles of absolute paths.
+    let host_cache =
+        ldcache::LdCache::read(std::path::Path::new("/etc/ld.so.cache")).unwrap_or_default();
     let mut injection = Injection::default();
     let label = image.labels.get(profile::MPI_LABEL).map(String::as_str);
     for profile in profile::select(&config.profile_dir, request.mpi.as_deref(), label)? {
