@@ -1,8 +1,9 @@
 //! NVIDIA GPUs: which GPUs a container gets, and the device nodes, driver
 //! libraries and tools that come with them.
 //!
-//! The GPUs are the step's (`SLURM_STEP_GPUS`, else `CUDA_VISIBLE_DEVICES`
-//! of the step) or those `berth run --gpus` asks for; the image may narrow
+//! The GPUs are the step's (`SLURM_STEP_GPUS`, or `SLURM_JOB_GPUS` for a
+//! batch step: Slurm's own variables, never a `CUDA_VISIBLE_DEVICES` the
+//! user may have brought from a login node) or those `berth run --gpus` asks for; the image may narrow
 //! them (`NVIDIA_VISIBLE_DEVICES`) or refuse them (`void`, `none`, empty) and
 //! chooses the driver capabilities (`NVIDIA_DRIVER_CAPABILITIES`, default
 //! `compute,utility`). Device nodes come from the device root (`/dev`, or
@@ -140,9 +141,10 @@ fn describe(gpus: &[u32]) -> String {
 }
 
 /// The GPUs of a Slurm step from its environment: `SLURM_STEP_GPUS`, else
-/// numeric `CUDA_VISIBLE_DEVICES`; `None` when the step has no GPUs.
+/// `SLURM_JOB_GPUS` (the batch step), indices of the `nvidiaN` device nodes
+/// as gres.conf lists them; `None` when the step has no GPUs.
 pub fn step_gpus<'a>(mut getenv: impl FnMut(&str) -> Option<&'a str>) -> Option<Vec<u32>> {
-    for name in ["SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES"] {
+    for name in ["SLURM_STEP_GPUS", "SLURM_JOB_GPUS"] {
         if let Some(value) = getenv(name) {
             if let Ok(list) = parse_indices(value) {
                 if !list.is_empty() {
@@ -389,13 +391,16 @@ mod tests {
 
     #[test]
     fn step_gpus_prefer_slurm_step_gpus() {
-        let env = [("SLURM_STEP_GPUS", "2,3"), ("CUDA_VISIBLE_DEVICES", "0,1")];
+        let env = [("SLURM_STEP_GPUS", "2,3"), ("SLURM_JOB_GPUS", "0,1,2,3")];
         let get = |n: &str| env.iter().find(|(k, _)| *k == n).map(|(_, v)| *v);
         assert_eq!(step_gpus(get), Some(vec![2, 3]));
-        let only_cuda = |n: &str| (n == "CUDA_VISIBLE_DEVICES").then_some("1");
-        assert_eq!(step_gpus(only_cuda), Some(vec![1]));
+        let batch = |n: &str| (n == "SLURM_JOB_GPUS").then_some("1");
+        assert_eq!(step_gpus(batch), Some(vec![1]));
+        // A CUDA_VISIBLE_DEVICES from the login node is not the step's.
+        let stray = |n: &str| (n == "CUDA_VISIBLE_DEVICES").then_some("0");
+        assert_eq!(step_gpus(stray), None);
         assert_eq!(step_gpus(|_| None), None);
-        assert_eq!(step_gpus(|_| Some("GPU-uuid")), None);
+        assert_eq!(step_gpus(|_| Some("NoDevFiles")), None);
     }
 
     #[test]
