@@ -52,6 +52,8 @@ pub struct Config {
     pub sbatch_support: bool,
     /// How much the plugin writes to slurmd's log.
     pub log_level: LogLevel,
+    /// Injection settings: host MPI profiles, GPU and CDI locations.
+    pub inject: InjectConfig,
 }
 
 /// How much the plugin logs (`log_level`). Each level includes the ones
@@ -85,6 +87,33 @@ impl LogLevel {
     }
 }
 
+/// Where berth finds what it injects into containers (see `crate::inject`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InjectConfig {
+    /// Folder of the host MPI and interconnect profiles (`inject_dir`).
+    pub profile_dir: PathBuf,
+    /// Folder with the `nvidia*` device nodes (`gpu_dev_root`).
+    pub gpu_dev_root: PathBuf,
+    /// NVIDIA driver root searched before the host's loader cache (`gpu_driver_root`).
+    pub gpu_driver_root: Option<PathBuf>,
+    /// CDI spec folders (`cdi_spec_dirs`, comma-separated).
+    pub cdi_spec_dirs: Vec<PathBuf>,
+}
+
+impl Default for InjectConfig {
+    fn default() -> Self {
+        InjectConfig {
+            profile_dir: PathBuf::from(crate::inject::profile::DEFAULT_INJECT_DIR),
+            gpu_dev_root: PathBuf::from("/dev"),
+            gpu_driver_root: None,
+            cdi_spec_dirs: crate::inject::cdi::DEFAULT_SPEC_DIRS
+                .iter()
+                .map(PathBuf::from)
+                .collect(),
+        }
+    }
+}
+
 /// A configuration line or value that could not be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
@@ -113,6 +142,10 @@ pub const KEYS: &[&str] = &[
     "container_scope",
     "sbatch_support",
     "log_level",
+    "inject_dir",
+    "gpu_dev_root",
+    "gpu_driver_root",
+    "cdi_spec_dirs",
 ];
 
 impl Default for Config {
@@ -126,6 +159,7 @@ impl Default for Config {
             container_scope: "job".to_string(),
             sbatch_support: true,
             log_level: LogLevel::Info,
+            inject: InjectConfig::default(),
         }
     }
 }
@@ -256,6 +290,17 @@ impl Config {
                         LogLevel::NAMES.join(", ")
                     ))
                 })?
+            }
+            "inject_dir" => self.inject.profile_dir = absolute(value)?,
+            "gpu_dev_root" => self.inject.gpu_dev_root = absolute(value)?,
+            "gpu_driver_root" => self.inject.gpu_driver_root = Some(absolute(value)?),
+            "cdi_spec_dirs" => {
+                self.inject.cdi_spec_dirs = value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(absolute)
+                    .collect::<Result<_, _>>()?
             }
             "container_scope" => match value {
                 "job" | "global" => self.container_scope = value.to_string(),

@@ -8,6 +8,7 @@ pub mod config;
 pub mod container;
 pub mod doctor;
 pub mod image;
+pub mod inject;
 pub mod named;
 pub mod privilege;
 pub mod reference;

@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use berth::config::Config;
 use berth::container::spec::{parse_mounts, ContainerSpec, UserIdentity};
 use berth::container::{holder_main, spawn_holder, Mode};
+use berth::inject::{self, gpu::GpuRequest};
 use berth::named::{check_name, NamedKey, NamedRoots, Scope};
 use berth::reference::ImageSource;
 use berth::registry::RegistryOptions;
@@ -48,6 +49,15 @@ enum Commands {
         /// Working directory inside the container (default: the image's WorkingDir).
         #[arg(long)]
         workdir: Option<String>,
+        /// GPUs to give the container: all, a count (2), or indices (0,2).
+        #[arg(long)]
+        gpus: Option<String>,
+        /// Host MPI profile to inject (a file NAME.conf in the site's inject_dir).
+        #[arg(long)]
+        mpi: Option<String>,
+        /// CDI device to add (vendor.com/class=name), repeatable.
+        #[arg(long = "device")]
+        devices: Vec<String>,
         #[command(flatten)]
         store: StoreArgs,
         /// Image reference or squashfs file.
@@ -263,6 +273,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Commands::Run {
             mounts,
             workdir,
+            gpus,
+            mpi,
+            devices,
             store,
             image,
             command,
@@ -293,6 +306,24 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let mut spec = ContainerSpec::new(stored.squashfs.clone(), stored.config.clone(), user);
             spec.mounts = mount_specs;
             spec.workdir = workdir;
+            let gpus = match gpus {
+                Some(text) => {
+                    let request = GpuRequest::parse(&text).map_err(anyhow::Error::msg)?;
+                    let node = inject::gpu::node_gpus(&config.inject.gpu_dev_root);
+                    Some(inject::gpu::select(&node, &request).map_err(anyhow::Error::msg)?)
+                }
+                None => None,
+            };
+            let request = inject::Request {
+                mpi,
+                gpus,
+                cdi_devices: devices,
+            };
+            spec.injection = inject::resolve(&config.inject, &request, &spec.image_config)
+                .with_context(|| format!("cannot prepare what to inject into {source}"))?;
+            spec.image_config
+                .env
+                .extend(spec.injection.env.iter().cloned());
             let mode = if uid == 0 {
                 Mode::Privileged
             } else {

@@ -197,7 +197,13 @@ fn prepare_root(root_path: &Path, spec: &ContainerSpec, plan: &MountPlan) -> any
     for mount in &plan.user {
         mounts::create_mount_point(&root, mount)?;
     }
+    // Before any host file system enters the root: see inject::apply.
+    crate::inject::apply::inject_files(&root, &spec.injection)?;
     for bind in &plan.system {
+        if bind.target == Path::new("/dev") && spec.injection.needs_own_dev() {
+            crate::inject::apply::build_dev(&root, &bind.source, &spec.injection)?;
+            continue;
+        }
         mounts::bind_into(&root, bind)?;
     }
     Ok(())

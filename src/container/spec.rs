@@ -62,6 +62,10 @@ pub struct ContainerSpec {
     /// a tmpfs that vanishes with the container. Privileged mode only.
     #[serde(default)]
     pub upper_dir: Option<PathBuf>,
+    /// Host libraries, GPUs and devices added to the container
+    /// (`--container-mpi`, the step's GPUs; see [`crate::inject`]).
+    #[serde(default)]
+    pub injection: crate::inject::Injection,
 }
 
 fn default_writable() -> bool {
@@ -126,6 +130,7 @@ impl ContainerSpec {
             remap_root: false,
             entrypoint: None,
             upper_dir: None,
+            injection: Default::default(),
         }
     }
 

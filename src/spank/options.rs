@@ -42,6 +42,8 @@ pub struct JobOptions {
     pub name: Option<String>,
     /// `--container-save`: where to save the root file system after the step.
     pub save: Option<String>,
+    /// `--container-mpi`: the host MPI profile to inject (`none`: none).
+    pub mpi: Option<String>,
 }
 
 impl JobOptions {
@@ -63,6 +65,7 @@ impl JobOptions {
             Setting::Workdir => self.workdir.is_some(),
             Setting::Env => self.env.is_some(),
             Setting::Unshare => self.unshare.is_some(),
+            Setting::Mpi => self.mpi.is_some(),
             Setting::Writable(value) => self.writable == Some(value),
             Setting::MountHome(value) => self.mount_home == Some(value),
             Setting::RemapRoot(value) => self.remap_root == Some(value),
@@ -90,6 +93,7 @@ impl JobOptions {
             Setting::Workdir => self.workdir = Some(value),
             Setting::Env => self.env = Some(value),
             Setting::Unshare => self.unshare = Some(value),
+            Setting::Mpi => self.mpi = Some(value),
             Setting::Writable(v) => self.writable = Some(v),
             Setting::MountHome(v) => self.mount_home = Some(v),
             Setting::RemapRoot(v) => self.remap_root = Some(v),
@@ -109,6 +113,7 @@ enum Setting {
     Workdir,
     Env,
     Unshare,
+    Mpi,
     Writable(bool),
     MountHome(bool),
     RemapRoot(bool),
@@ -173,6 +178,14 @@ const TABLE: &[OptionDef] = &[
         arginfo: Some(c"net,ipc,uts"),
         usage: c"[berth] new namespaces of these kinds for the container",
         env_suffix: Some("UNSHARE"),
+    },
+    OptionDef {
+        setting: Setting::Mpi,
+        name: c"container-mpi",
+        display_name: "--container-mpi",
+        arginfo: Some(c"PROFILE"),
+        usage: c"[berth] inject the host's MPI and interconnect libraries of this site profile (e.g. host; none: no profile)",
+        env_suffix: Some("MPI"),
     },
     OptionDef {
         setting: Setting::Writable(true),
@@ -277,6 +290,7 @@ static VALUES: Mutex<JobOptions> = Mutex::new(JobOptions {
     entrypoint_log: None,
     name: None,
     save: None,
+    mpi: None,
 });
 
 /// Prefixes of the variables that stand in for options missing from the
@@ -377,6 +391,11 @@ fn check_value(setting: Setting, value: &str) -> Result<(), String> {
         Setting::Unshare => Namespace::parse_list(value).map(|_| ()),
         Setting::Name => ContainerName::parse(value).map(|_| ()),
         Setting::Save => check_save_path(value),
+        Setting::Mpi if value.is_empty() || value.contains('/') || value.starts_with('.') => {
+            Err(format!(
+                "'{value}' is not a profile name (the site's profiles are files in its inject_dir)"
+            ))
+        }
         _ => Ok(()),
     }
 }

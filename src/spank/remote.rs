@@ -293,6 +293,29 @@ pub(super) fn build_spec(ctx: &StepContext, stored: &StoredImage) -> Result<Cont
         spec.unshare =
             Namespace::parse_list(list).map_err(|e| format!("--container-unshare={list}: {e}"))?;
     }
+    let request = crate::inject::Request {
+        mpi: options.mpi.clone(),
+        gpus: crate::inject::gpu::step_gpus(|name| {
+            ctx.job_env
+                .iter()
+                .find_map(|e| e.strip_prefix(name)?.strip_prefix('='))
+        }),
+        cdi_devices: Vec::new(),
+    };
+    let image = options.image.as_deref().unwrap_or("of the named container");
+    spec.injection = crate::inject::resolve(&ctx.config.inject, &request, &spec.image_config)
+        .map_err(|e| format!("image '{image}': {e:#}"))?;
+    spec.image_config
+        .env
+        .extend(spec.injection.env.iter().cloned());
+    if !spec.injection.is_empty() {
+        handle::log_info(&format!(
+            "job {} step {}: injected: {}",
+            ctx.job,
+            ctx.step,
+            spec.injection.summary.join(", ")
+        ));
+    }
     if runs_entrypoint(options, ctx.config) {
         spec.entrypoint = entrypoint_run(&stored.config, &ctx.job_env, &keep_job_env(options)?);
     }

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Usage: tests/harness/images.sh build [busybox|debian|openmpi ...]
-#        tests/harness/images.sh push  [busybox|debian|openmpi ...]
+# Usage: tests/harness/images.sh build [busybox|debian|openmpi|mpich ...]
+#        tests/harness/images.sh push  [busybox|debian|openmpi|mpich ...]
 #        tests/harness/images.sh list
 #
 # Builds berth's test images without Docker (umoci: new, unpack, edit the
 # rootfs, repack; one repack per layer) into one OCI layout,
 #   /var/lib/$NAME/cache/images/oci   tags: busybox-latest debian-base
 #                                           debian-bookworm openmpi-bookworm
+#                                           mpich-bookworm
 # and pushes them with skopeo to the registries of tests/harness/registry.sh:
 #   http://10.77.0.1:15000  busybox:latest (OCI), busybox:v2s2 (Docker schema 2),
 #                           busybox:index (OCI index -> busybox:latest),
-#                           debian:bookworm, openmpi:bookworm
+#                           debian:bookworm, openmpi:bookworm,
+#                           mpich:bookworm (MPICH, mpi_hello and mpi_bw)
 #   http://10.77.0.1:15001  public/busybox:latest, private/busybox:latest
 #
 # An image is rebuilt only when it is missing or its inputs changed (this
@@ -33,9 +35,10 @@ BUNDLE_DIR=$IMG_DIR/bundles
 DEBOOTSTRAP_CACHE=$CACHE_DIR/debootstrap
 APT_ARCHIVES=$CACHE_DIR/apt-archives
 MPI_SRC=$REPO_DIR/tests/images/mpi_hello.c
+MPI_BW_SRC=$REPO_DIR/tests/images/mpi_bw.c
 SCRIPT_SUM=$(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)
 IMAGE_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-ALL_IMAGES=(busybox debian openmpi)
+ALL_IMAGES=(busybox debian openmpi mpich)
 DEBOOTSTRAP_ROOT=""
 declare -A ENSURED=()
 
@@ -123,6 +126,11 @@ inputs_hash() {
                 echo "mpi_hello $(sha256sum "$MPI_SRC" | cut -d' ' -f1)"
                 echo "host libopenmpi-dev $(pkg_version libopenmpi-dev)"
                 ;;
+            mpich)
+                echo "debootstrap $(debootstrap_key)"
+                echo "mpi sources $(cat "$MPI_SRC" "$MPI_BW_SRC" | sha256sum | cut -d' ' -f1)"
+                echo "host libmpich-dev $(pkg_version libmpich-dev)"
+                ;;
         esac
     } | sha256sum | cut -c1-16
 }
@@ -133,6 +141,7 @@ layout_tag() {
         debian-base) echo debian-base ;;
         debian) echo debian-bookworm ;;
         openmpi) echo openmpi-bookworm ;;
+        mpich) echo mpich-bookworm ;;
         *) die "unknown image '$1' (known: ${ALL_IMAGES[*]})" ;;
     esac
 }
@@ -323,16 +332,29 @@ build_debian() {
 }
 
 build_openmpi() {
-    local tag=openmpi-bookworm b=$BUNDLE_DIR/openmpi r
+    build_mpi openmpi openmpi-bin mpicc.openmpi
+}
+
+# MPICH (the MPICH ABI family) for host MPI injection and PMI2 tests, with
+# mpi_hello and the bandwidth benchmark mpi_bw built on the host.
+build_mpich() {
+    build_mpi mpich "mpich libmpich12" mpicc.mpich
+}
+
+# build_mpi NAME PACKAGES MPICC: debian-base plus PACKAGES, with the MPI
+# test programs compiled by the host's MPICC.
+build_mpi() {
+    local name=$1 packages=$2 mpicc=$3
+    local tag=$name-bookworm b=$BUNDLE_DIR/$name r
     new_bundle "$tag" debian-base "$b"
     r=$b/rootfs
     mkdir -p "$APT_ARCHIVES/partial"
     # apt inside the image's root, in a private mount namespace so that the
     # /proc, /dev, resolver and .deb cache mounts vanish with it.
     # shellcheck disable=SC2016  # $1.. belong to the inner bash
-    timed "apt-get install openmpi-bin" logged "$IMG_DIR/openmpi-apt.log" \
+    timed "apt-get install $packages" logged "$IMG_DIR/$name-apt.log" \
         unshare --mount --propagation private -- /bin/bash -euc '
-        r=$1 archives=$2
+        r=$1 archives=$2 packages=$3
         mount -t proc proc "$r/proc"
         mount --bind /dev "$r/dev"
         mount --bind /etc/resolv.conf "$r/etc/resolv.conf"
@@ -341,15 +363,18 @@ build_openmpi() {
         chmod 0755 "$r/usr/sbin/policy-rc.d"
         chroot "$r" apt-get -q -o Acquire::Languages=none update
         chroot "$r" env DEBIAN_FRONTEND=noninteractive \
-            apt-get -q -y install --no-install-recommends openmpi-bin
+            apt-get -q -y install --no-install-recommends $packages
         rm -f "$r/usr/sbin/policy-rc.d"
-    ' bash "$r" "$APT_ARCHIVES"
+    ' bash "$r" "$APT_ARCHIVES" "$packages"
     rm -rf "$r"/var/lib/apt/lists/*
     rm -f "$r"/var/cache/apt/*.bin
     mkdir -p "$r/var/lib/apt/lists/partial"
-    timed "mpicc mpi_hello" mpicc -O2 -o "$r/usr/local/bin/mpi_hello" "$MPI_SRC"
-    log "openmpi rootfs: $(du -sh --apparent-size "$r" | cut -f1)"
-    timed "repack openmpi layer 2" repack "$b" "$tag" "openmpi-bin, /usr/local/bin/mpi_hello"
+    timed "$mpicc mpi_hello" "$mpicc" -O2 -o "$r/usr/local/bin/mpi_hello" "$MPI_SRC"
+    if [[ $name == mpich ]]; then
+        timed "$mpicc mpi_bw" "$mpicc" -O2 -o "$r/usr/local/bin/mpi_bw" "$MPI_BW_SRC"
+    fi
+    log "$name rootfs: $(du -sh --apparent-size "$r" | cut -f1)"
+    timed "repack $name layer 2" repack "$b" "$tag" "$packages, MPI test programs"
     rm -rf "$b"
 }
 
@@ -359,7 +384,7 @@ ensure() {
     tag=$(layout_tag "$image")
     [[ -z ${ENSURED[$image]:-} ]] || return 0
     ENSURED[$image]=1
-    case $image in debian | openmpi) ensure debian-base ;; esac
+    case $image in debian | openmpi | mpich) ensure debian-base ;; esac
     if up_to_date "$image"; then
         log "$tag: cached"
         return
@@ -437,6 +462,7 @@ cmd_push() {
                 ;;
             debian) skopeo_push "$tag" "$REGISTRY_ADDR/debian:bookworm" ;;
             openmpi) skopeo_push "$tag" "$REGISTRY_ADDR/openmpi:bookworm" ;;
+            mpich) skopeo_push "$tag" "$REGISTRY_ADDR/mpich:bookworm" ;;
         esac
     done
     log "push done in $(bc_sub "$EPOCHREALTIME" "$t0")s"

@@ -16,7 +16,7 @@ PACKAGES=(
     # Slurm 22.05 + munge
     slurmctld slurmd slurm-client libslurm-dev munge
     # MPI
-    openmpi-bin libopenmpi-dev libpmix-dev
+    openmpi-bin libopenmpi-dev libpmix-dev mpich libmpich-dev
     # registry and image tools
     docker-registry skopeo umoci debootstrap debian-archive-keyring busybox-static
     # squashfs and FUSE

@@ -1,0 +1,231 @@
+//! The holder's side of an [`Injection`]: run as root inside the holder's
+//! private mount namespace, after the root file system is assembled and
+//! before the host's `/proc`, `/sys` and `/dev` are bound into it.
+//!
+//! 1. MPI ABI check: each ABI-checked host library against the image's copy
+//!    of the same soname (found through the image's own `/etc/ld.so.cache`).
+//! 2. Binds: every library into [`LIB_DIR`] under its soname and over the
+//!    image's copy; other files at their targets. Read-only.
+//! 3. Loader: the host's static `ldconfig -r ROOT` rebuilds the image's cache
+//!    with [`LIB_DIR`] first; it writes into the overlay's tmpfs layer only.
+//!    It runs chrooted in the container root before any host file system
+//!    (`/proc` above all) is mounted there, so image symlinks lead nowhere.
+//! 4. `/dev`: when devices are added or hidden, a tmpfs with binds of every
+//!    host `/dev` entry except the hidden ones, plus the added devices.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context};
+
+use super::abi;
+use super::ldcache::LdCache;
+use super::{HostLibrary, Injection, LIB_DIR};
+use crate::container::mounts;
+use crate::container::safepath::RootDir;
+use crate::container::spec::{MountKind, MountSpec, UserMount};
+
+/// The host's `ldconfig` (static in glibc distributions).
+const LDCONFIG: &str = "/sbin/ldconfig";
+/// Largest image `ld.so.cache` we read.
+const CACHE_LIMIT: u64 = 64 << 20;
+/// The loader configuration snippet that keeps [`LIB_DIR`] registered when
+/// someone runs `ldconfig` inside the container.
+const LD_CONF: &str = "/etc/ld.so.conf.d/000-berth.conf";
+
+/// Steps 1 to 3: checks ABI, binds the libraries and files, updates the
+/// image's loader cache. Nothing happens for an injection without them.
+pub fn inject_files(root: &RootDir, injection: &Injection) -> anyhow::Result<()> {
+    if injection.libraries.is_empty() && injection.files.is_empty() {
+        return Ok(());
+    }
+    let cache = image_cache(root)?;
+    check_mpi_abi(root, &cache, &injection.libraries)?;
+    for library in &injection.libraries {
+        let bind = |target: PathBuf| MountSpec {
+            source: library.host_path.clone(),
+            target,
+            read_only: true,
+        };
+        mounts::bind_into(root, &bind(Path::new(LIB_DIR).join(&library.soname)))
+            .with_context(|| format!("cannot inject {} ({})", library.soname, library.origin))?;
+        if let Some(own) = cache.lookup(&library.soname) {
+            if root.resolve(own).is_ok() {
+                mounts::bind_into(root, &bind(own.to_path_buf())).with_context(|| {
+                    format!(
+                        "cannot put the host's {} over the image's {}",
+                        library.soname,
+                        own.display()
+                    )
+                })?;
+            }
+        }
+    }
+    for file in &injection.files {
+        mounts::bind_into(root, file)?;
+    }
+    if !injection.libraries.is_empty() {
+        register_libraries(root)?;
+    }
+    Ok(())
+}
+
+/// The image's loader cache; empty when the image has none (musl, scratch).
+fn image_cache(root: &RootDir) -> anyhow::Result<LdCache> {
+    let bytes = root
+        .read_file(Path::new("/etc/ld.so.cache"), CACHE_LIMIT)
+        .context("cannot read /etc/ld.so.cache of the image")?;
+    match bytes {
+        Some(bytes) => LdCache::parse(&bytes).context("cannot parse /etc/ld.so.cache of the image"),
+        None => Ok(LdCache::default()),
+    }
+}
+
+/// The real file name (symlinks followed inside the root) of `path`.
+fn real_file_name(root: &RootDir, path: &Path) -> anyhow::Result<String> {
+    let fd: OwnedFd = root
+        .resolve(path)
+        .with_context(|| format!("cannot resolve {} in the image", path.display()))?;
+    let real = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .with_context(|| format!("cannot read where {} leads", path.display()))?;
+    Ok(real
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default())
+}
+
+/// Step 1 (see the module doc).
+fn check_mpi_abi(root: &RootDir, cache: &LdCache, libraries: &[HostLibrary]) -> anyhow::Result<()> {
+    let checked: Vec<&HostLibrary> = libraries.iter().filter(|l| l.abi.is_some()).collect();
+    if checked.is_empty() {
+        return Ok(());
+    }
+    let mut found = false;
+    for library in &checked {
+        let Some(own) = cache.lookup(&library.soname) else {
+            continue;
+        };
+        found = true;
+        let image_file = real_file_name(root, own)?;
+        let host_file = file_name(&library.host_path);
+        let policy = library.abi.expect("filtered on abi");
+        abi::check(&host_file, &image_file, policy)
+            .map_err(|e| anyhow::anyhow!("{} ({}): {e}", library.origin, library.soname))?;
+    }
+    if found {
+        return Ok(());
+    }
+    let first = checked[0];
+    let other_mpi = cache.entries().iter().find(|e| {
+        abi::parse_library_name(&e.soname).is_some_and(|(stem, _)| abi::is_mpi_library(stem))
+    });
+    if let Some(other) = other_mpi {
+        let image_file = real_file_name(root, &other.path)?;
+        abi::check(
+            &file_name(&first.host_path),
+            &image_file,
+            first.abi.expect("filtered"),
+        )
+        .map_err(|e| anyhow::anyhow!("{}: {e}", first.origin))?;
+    }
+    let wanted: Vec<&str> = checked.iter().map(|l| l.soname.as_str()).collect();
+    bail!(
+        "{}: the image has no {} in its loader cache, so there is no MPI to replace with the \
+         host's: install an MPICH-ABI MPI (MPICH, Intel MPI, MVAPICH) in the image and build the \
+         application against it, or run without --container-mpi",
+        first.origin,
+        wanted.join(" or ")
+    )
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Step 3: registers [`LIB_DIR`] with the image's loader.
+fn register_libraries(root: &RootDir) -> anyhow::Result<()> {
+    if root.resolve(Path::new("/etc/ld.so.conf.d")).is_ok() {
+        root.write_file(Path::new(LD_CONF), format!("{LIB_DIR}\n").as_bytes(), 0o644)
+            .with_context(|| format!("cannot write {LD_CONF} in the container"))?;
+    }
+    let output = Command::new(LDCONFIG)
+        .arg("-X")
+        .arg("-r")
+        .arg(root.path())
+        .arg(LIB_DIR)
+        .env_clear()
+        .output()
+        .with_context(|| format!("cannot run {LDCONFIG}"))?;
+    if !output.status.success() {
+        bail!(
+            "{LDCONFIG} -r {} could not register the injected libraries in the image's loader \
+             cache: {}",
+            root.path().display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Step 4: gives the container a `/dev` of its own, from `host_dev`.
+pub fn build_dev(root: &RootDir, host_dev: &Path, injection: &Injection) -> anyhow::Result<()> {
+    let dev = Path::new("/dev");
+    mounts::apply(
+        root,
+        &UserMount {
+            kind: MountKind::Tmpfs,
+            source: PathBuf::from("tmpfs"),
+            target: dev.to_path_buf(),
+            read_only: false,
+            flags: Default::default(),
+            tmpfs_options: vec!["mode=0755".to_string()],
+        },
+    )
+    .context("cannot give the container a /dev of its own")?;
+    let mut entries: Vec<_> = std::fs::read_dir(host_dev)
+        .with_context(|| format!("cannot list {}", host_dev.display()))?
+        .filter_map(Result::ok)
+        .collect();
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        let source = entry.path();
+        let target = dev.join(entry.file_name());
+        if injection.hidden_devices.contains(&target) {
+            continue;
+        }
+        let meta = match std::fs::symlink_metadata(&source) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue, // gone meanwhile
+            Err(e) => return Err(e).with_context(|| format!("cannot stat {}", source.display())),
+        };
+        if meta.file_type().is_symlink() {
+            let link = std::fs::read_link(&source)
+                .with_context(|| format!("cannot read the link {}", source.display()))?;
+            let dir = root
+                .resolve(dev)
+                .context("cannot open the container's /dev")?;
+            let at =
+                PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd())).join(entry.file_name());
+            std::os::unix::fs::symlink(&link, &at)
+                .with_context(|| format!("cannot create the link {}", target.display()))?;
+            continue;
+        }
+        mounts::bind_into(
+            root,
+            &MountSpec {
+                source,
+                target,
+                read_only: false,
+            },
+        )?;
+    }
+    for device in &injection.devices {
+        mounts::bind_into(root, device)
+            .with_context(|| format!("cannot add device {}", device.source.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,167 @@
+//! What the host adds to a container beyond the image: host MPI and
+//! interconnect libraries (site profiles), GPUs and their driver libraries
+//! (NVIDIA discovery or CDI specs), device nodes and environment.
+//!
+//! Everything is decided before the holder starts, by pure functions over the
+//! configuration, the job's request and the image's config, into one
+//! [`Injection`] that travels in the container spec; the holder applies it
+//! ([`apply`]) as root before the host's `/proc`, `/sys` and `/dev` enter the
+//! root, checks MPI ABI compatibility against the image's own libraries, binds
+//! the host files and registers the libraries with the image's loader
+//! (`ldconfig -r` writes `/etc/ld.so.cache` in the container's tmpfs layer;
+//! the image itself is never modified).
+//!
+//! Modules: [`ldcache`] (reads `ld.so.cache`), [`abi`] (MPICH ABI rules),
+//! [`profile`] (site profiles for host MPI and interconnect), [`gpu`] (NVIDIA
+//! GPUs and driver libraries), [`cdi`] (Container Device Interface specs),
+//! [`apply`] (the holder's side).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::container::spec::MountSpec;
+
+pub mod abi;
+pub mod apply;
+pub mod cdi;
+pub mod gpu;
+pub mod ldcache;
+pub mod profile;
+
+pub use abi::AbiPolicy;
+
+/// Where injected libraries appear inside the container (registered with the
+/// image's loader, first in its search order).
+pub const LIB_DIR: &str = "/usr/local/lib/berth";
+
+/// One host library to inject.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostLibrary {
+    /// Soname the loader looks for (`libmpich.so.12`).
+    pub soname: String,
+    /// The host's real file (symlinks resolved), bound read-only.
+    pub host_path: PathBuf,
+    /// Check MPI ABI compatibility against the image's copy of the same
+    /// soname before replacing it (MPI libraries of a profile).
+    #[serde(default)]
+    pub abi: Option<AbiPolicy>,
+    /// Where it came from, for messages (`profile host`, `NVIDIA driver`).
+    pub origin: String,
+}
+
+/// Everything injected into one container.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Injection {
+    /// Libraries bound into [`LIB_DIR`] under their soname and over the
+    /// image's own copy of the same soname.
+    pub libraries: Vec<HostLibrary>,
+    /// Other host files and folders (binaries such as `nvidia-smi`, CDI
+    /// mounts, site files), bound at their target.
+    pub files: Vec<MountSpec>,
+    /// Device nodes to add: host node (possibly under another device root)
+    /// bound at the target under `/dev`.
+    pub devices: Vec<MountSpec>,
+    /// Host `/dev` entries left out of the container's `/dev` (the GPUs the
+    /// step was not given). When this or `devices` is not empty, the
+    /// container gets a `/dev` of its own (a tmpfs with binds of every other
+    /// host entry) instead of the host's whole `/dev`.
+    pub hidden_devices: Vec<PathBuf>,
+    /// Environment variables (`NAME=VALUE`) set in the container over the
+    /// image's.
+    pub env: Vec<String>,
+    /// Descriptions of what was injected, for logs (`profile host`, `GPUs 0,1`).
+    pub summary: Vec<String>,
+}
+
+impl Injection {
+    /// Whether there is nothing to inject.
+    pub fn is_empty(&self) -> bool {
+        self.libraries.is_empty()
+            && self.files.is_empty()
+            && self.devices.is_empty()
+            && self.hidden_devices.is_empty()
+            && self.env.is_empty()
+    }
+
+    /// Whether the container needs a `/dev` of its own.
+    pub fn needs_own_dev(&self) -> bool {
+        !self.devices.is_empty() || !self.hidden_devices.is_empty()
+    }
+
+    /// Adds everything of `other` to this injection.
+    pub fn extend(&mut self, other: Injection) {
+        self.libraries.extend(other.libraries);
+        self.files.extend(other.files);
+        self.devices.extend(other.devices);
+        self.hidden_devices.extend(other.hidden_devices);
+        self.env.extend(other.env);
+        self.summary.extend(other.summary);
+    }
+}
+
+/// What a job or `berth run` asks to have injected.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Request {
+    /// `--container-mpi=NAME` (`none`: no profile, not even the image label's).
+    pub mpi: Option<String>,
+    /// The GPUs given (the Slurm step's, or `berth run --gpus`); `None`: none.
+    pub gpus: Option<Vec<u32>>,
+    /// CDI devices asked for by name (`vendor.com/class=name`).
+    pub cdi_devices: Vec<String>,
+}
+
+/// The CDI kind whose specs, when present, describe the GPUs instead of
+/// berth's own NVIDIA discovery.
+pub const GPU_CDI_KIND: &str = "nvidia.com/gpu";
+
+/// Decides everything to inject for `request` into a container of `image` on
+/// this node, under the site's `config`.
+pub fn resolve(
+    config: &crate::config::InjectConfig,
+    request: &Request,
+    image: &crate::image::ImageConfig,
+) -> anyhow::Result<Injection> {
+    // A host without a loader cache can still take profiles of absolute paths.
+    let host_cache =
+        ldcache::LdCache::read(std::path::Path::new("/etc/ld.so.cache")).unwrap_or_default();
+    let mut injection = Injection::default();
+    let label = image.labels.get(profile::MPI_LABEL).map(String::as_str);
+    for profile in profile::select(&config.profile_dir, request.mpi.as_deref(), label)? {
+        injection.extend(profile.resolve(&host_cache)?);
+    }
+    let wants_devices = request.gpus.is_some() || !request.cdi_devices.is_empty();
+    let specs = if wants_devices {
+        cdi::load_specs(&config.cdi_spec_dirs)?
+    } else {
+        Vec::new()
+    };
+    if let Some(given) = &request.gpus {
+        let (gpus, caps) = gpu::image_filter(&image.env, given);
+        if !gpus.is_empty() && cdi::has_kind(&specs, GPU_CDI_KIND) {
+            let names: Vec<String> = gpus.iter().map(|i| format!("{GPU_CDI_KIND}={i}")).collect();
+            let mut from_cdi = cdi::injection(&specs, &names)?;
+            from_cdi.hidden_devices = gpu::node_gpus(std::path::Path::new("/dev"))
+                .into_iter()
+                .filter(|i| !gpus.contains(i))
+                .map(|i| PathBuf::from(format!("/dev/nvidia{i}")))
+                .collect();
+            injection.extend(from_cdi);
+        } else if !gpus.is_empty() {
+            let site = gpu::GpuSite {
+                dev_root: config.gpu_dev_root.clone(),
+                driver_root: config.gpu_driver_root.clone(),
+            };
+            let dev = std::path::Path::new("/dev");
+            injection.extend(gpu::injection(&site, dev, &gpus, caps, &host_cache)?);
+        }
+    }
+    if !request.cdi_devices.is_empty() {
+        injection.extend(cdi::injection(&specs, &request.cdi_devices)?);
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    injection
+        .libraries
+        .retain(|library| seen.insert(library.soname.clone()));
+    Ok(injection)
+}

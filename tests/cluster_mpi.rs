@@ -1,0 +1,218 @@
+//! MPI in containers on the real test cluster: host MPI injection (the bind
+//! approach) with its ABI checks, PMI2 and PMIx across nodes, as root and as
+//! the ordinary user. Profiles live in the cluster's `inject_dir`
+//! (`$BERTH_TEST_STATE_DIR/inject.d`, set on the plugstack line by
+//! tests/run.sh); each test writes its own.
+//!
+//! The test nodes are network namespaces of one kernel, so UCX would take
+//! them for one machine and use shared memory between them (each has its own
+//! /dev/shm): the MPICH runs set `UCX_TLS=tcp,self`.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::{Cluster, BOTH};
+
+macro_rules! cluster_or_skip {
+    () => {
+        match Cluster::get() {
+            Some(cluster) => cluster,
+            None => return,
+        }
+    };
+}
+
+/// Writes profile `name` with `text` into the cluster's inject_dir.
+fn write_profile(cluster: &Cluster, name: &str, text: &str) -> PathBuf {
+    let dir = PathBuf::from(cluster.var("BERTH_TEST_STATE_DIR")).join("inject.d");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.conf"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// The host's MPICH library file (Debian's libmpich12).
+fn host_libmpich() -> PathBuf {
+    std::fs::canonicalize("/usr/lib/x86_64-linux-gnu/libmpich.so.12")
+        .expect("the host needs Debian's libmpich12 (tests/harness/install-deps.sh)")
+}
+
+#[test]
+fn host_mpich_is_injected_and_runs_over_pmi2_across_nodes() {
+    let cluster = cluster_or_skip!();
+    write_profile(
+        &cluster,
+        "test-mpich",
+        "# host MPICH for tests/cluster_mpi.rs\nlibrary = libmpich.so.12\nenv = BERTH_TEST_MPI_PROFILE=test-mpich\n\
+         # the test nodes share one kernel: keep UCX off shared memory between them\n\
+         env = UCX_TLS=tcp,self\n",
+    );
+    let host_file = host_libmpich();
+    let host_name = host_file.file_name().unwrap().to_str().unwrap().to_string();
+    let image = cluster.image("mpich:bookworm");
+    for who in BOTH {
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    "--mpi=pmi2",
+                    "-N2",
+                    "-n4",
+                    &format!("--container-image={image}"),
+                    "--container-mpi=test-mpich",
+                    "sh",
+                    "-c",
+                    "echo profile=$BERTH_TEST_MPI_PROFILE; \
+                     grep -c ' /usr/local/lib/berth/libmpich.so.12 ' /proc/self/mountinfo; \
+                     grep -o ' /usr/lib/x86_64-linux-gnu/libmpich[^ ]* ' /proc/self/mountinfo; \
+                     ldconfig -p | grep -m1 'libmpich.so.12 '; \
+                     mpi_hello",
+                ],
+            )
+            .ok();
+        let out = &run.stdout;
+        assert!(out.contains("profile=test-mpich"), "{who:?}: {out}");
+        assert!(
+            out.contains(&format!("/usr/lib/x86_64-linux-gnu/{host_name}")),
+            "{who:?}: the image's copy is not covered by the host's: {out}"
+        );
+        assert!(
+            out.contains("=> /usr/local/lib/berth/libmpich.so.12"),
+            "{who:?}: the loader does not know the injected library first: {out}"
+        );
+        assert!(
+            out.contains("allreduce sum=6 expected=6 ok"),
+            "{who:?}: {out}\n{}",
+            run.stderr
+        );
+        for node in ["node1", "node2"] {
+            assert!(out.contains(&format!("on {node}")), "{who:?}: {out}");
+        }
+    }
+}
+
+#[test]
+fn image_mpich_runs_over_pmi2_without_injection() {
+    let cluster = cluster_or_skip!();
+    let image = cluster.image("mpich:bookworm");
+    for who in BOTH {
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    "--mpi=pmi2",
+                    "-N2",
+                    "-n2",
+                    &format!("--container-image={image}"),
+                    "sh",
+                    "-c",
+                    "test -z \"$PMI_FD\" && echo no PMI_FD; \
+                     test -e /usr/local/lib/berth && echo injected; \
+                     export UCX_TLS=tcp,self; mpi_hello",
+                ],
+            )
+            .ok();
+        assert!(!run.stdout.contains("no PMI_FD"), "{who:?}: {}", run.stdout);
+        assert!(!run.stdout.contains("injected"), "{who:?}: {}", run.stdout);
+        assert!(
+            run.stdout.contains("sum=1 expected=1 ok"),
+            "{who:?}: {}",
+            run.stdout
+        );
+    }
+}
+
+#[test]
+fn open_mpi_over_pmix_still_works_beside_profiles() {
+    let cluster = cluster_or_skip!();
+    let image = cluster.image("openmpi:bookworm");
+    for who in BOTH {
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    "--mpi=pmix",
+                    "-N2",
+                    "-n2",
+                    &format!("--container-image={image}"),
+                    "--container-mpi=none",
+                    "mpi_hello",
+                ],
+            )
+            .ok();
+        assert!(
+            run.stdout.contains("sum=1 expected=1 ok"),
+            "{who:?}: {}",
+            run.stdout
+        );
+    }
+}
+
+#[test]
+fn incompatible_host_mpi_is_refused_with_the_reason() {
+    let cluster = cluster_or_skip!();
+    // A host library that claims an older minor version than the image's.
+    let state = PathBuf::from(cluster.var("BERTH_TEST_STATE_DIR"));
+    let old = state.join("fake-host-mpi/libmpich.so.12.0.5");
+    std::fs::create_dir_all(old.parent().unwrap()).unwrap();
+    std::fs::copy(host_libmpich(), &old).unwrap();
+    write_profile(
+        &cluster,
+        "test-old",
+        &format!("mpi_abi = full\nlibrary = {}\n", old.display()),
+    );
+    write_profile(&cluster, "test-mpich-ompi", "library = libmpich.so.12\n");
+    let mpich = cluster.image("mpich:bookworm");
+    let openmpi = cluster.image("openmpi:bookworm");
+    for who in BOTH {
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    "-N1",
+                    &format!("--container-image={mpich}"),
+                    "--container-mpi=test-old",
+                    "true",
+                ],
+            )
+            .failed();
+        let all = format!("{}{}", run.stdout, run.stderr);
+        assert!(all.contains("not ABI-compatible"), "{who:?}: {all}");
+        assert!(all.contains("'full' policy"), "{who:?}: {all}");
+        assert!(all.contains("libmpich.so.12.0.5"), "{who:?}: {all}");
+
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    "-N1",
+                    &format!("--container-image={openmpi}"),
+                    "--container-mpi=test-mpich-ompi",
+                    "true",
+                ],
+            )
+            .failed();
+        let all = format!("{}{}", run.stdout, run.stderr);
+        assert!(all.contains("Open MPI"), "{who:?}: {all}");
+        assert!(all.contains("not MPICH-ABI compatible"), "{who:?}: {all}");
+
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    "-N1",
+                    &format!("--container-image={mpich}"),
+                    "--container-mpi=no-such-profile",
+                    "true",
+                ],
+            )
+            .failed();
+        let all = format!("{}{}", run.stdout, run.stderr);
+        assert!(
+            all.contains("no host MPI profile 'no-such-profile'"),
+            "{who:?}: {all}"
+        );
+        assert!(all.contains("test-mpich-ompi"), "{who:?}: {all}");
+    }
+}
