@@ -23,11 +23,14 @@ exec > >(tee "$OUT/log") 2>&1
 step() { echo; echo "=== $*"; }
 lib=$(find / -xdev -name 'libnccl.so.2*' -not -path '/proc/*' 2>/dev/null | head -1)
 [[ -n $lib ]] || { echo "no libnccl.so.2 on this machine"; exit 1; }
-NLIB=$(dirname "$lib"); NINC=$(cd "$NLIB/../include" 2>/dev/null && pwd)
+NLIB=$(dirname "$lib")
+header=$(find / -xdev -name nccl.h -not -path '/proc/*' 2>/dev/null | head -1)
+inc=(); [[ -n $header ]] && inc=(-I"$(dirname "$header")")
+NINC=${header%/*}
 step "NCCL: $lib (headers: $NINC)"
 export PATH=/usr/local/cuda/bin:$PATH
 nvcc -O2 -o "$W/cuda_probe" "$REPO/device/cuda_probe.cu" || exit 1
-nvcc -O2 -o "$W/nccl_allreduce" "$REPO/device/nccl_allreduce.cu" -I"$NINC" "$lib" || exit 1
+nvcc -O2 -o "$W/nccl_allreduce" "$REPO/device/nccl_allreduce.cu" "${inc[@]}" -Xlinker "$lib" || exit 1
 
 step "plain image"
 R=$W/root
@@ -41,6 +44,10 @@ for bin in "$W/cuda_probe" "$W/nccl_allreduce"; do
         xargs -I{} cp -L {} "$R/lib/x86_64-linux-gnu/"
 done
 cp -L /lib64/ld-linux-x86-64.so.2 "$R/lib64/"
+# What any distribution image has and the driver's libraries link against.
+for l in libc.so.6 libm.so.6 libpthread.so.0 libdl.so.2 librt.so.1 libgcc_s.so.1 libstdc++.so.6; do
+    [[ -e /lib/x86_64-linux-gnu/$l ]] && cp -L "/lib/x86_64-linux-gnu/$l" "$R/lib/x86_64-linux-gnu/"
+done
 printf '/lib/x86_64-linux-gnu\n' >"$R/etc/ld.so.conf"
 : >"$R/etc/passwd"; : >"$R/etc/group"
 ldconfig -r "$R"
@@ -50,8 +57,8 @@ printf 'store_path=%s\nruntime_path=%s\ngpu_driver_root=/usr/local/nvidia\n' "$W
 export BERTH_CONFIG=$W/berth.conf
 berth() { "$C/berth" run "$@"; }
 
-step "berth run --gpus=1 (GPU 1 only)"
-berth --gpus=1 "$W/image.sqfs" -- sh -c 'ls /dev | grep nvidia | tr "\n" " "; echo; cuda_probe; nvidia-smi -L'
+step "berth run --gpus=1 (one GPU: the first)"
+berth --gpus=1 "$W/image.sqfs" -- sh -c 'ls /dev | grep nvidia | tr "\n" " "; echo; ls /usr/local/lib/berth | tr "\n" " "; echo; cuda_probe; nvidia-smi -L'
 step "berth run --gpus=all"
 berth --gpus=all "$W/image.sqfs" -- sh -c 'cuda_probe; nvidia-smi -L'
 step "berth run without --gpus (no driver in a plain image)"
