@@ -2,10 +2,14 @@
 # Usage: sudo bench/start.sh [RUNS]
 #
 # Start cost of a containerized step against a bare one, on the local test
-# cluster, in one run: RUNS (default 10) warm `srun -n1 --container-image=IMG true`
-# and RUNS bare `srun -n1 true`, interleaved, as the ordinary test user.
-# Prints each median and the ratio container/bare. The image is pulled once
-# before timing (the warm case is what every step after the first sees).
+# cluster, in one run, as the ordinary test user, RUNS (default 10) of each,
+# interleaved: bare `srun -n1 true`; warm `srun -n1 --container-image=IMG true`
+# with busybox (about 2 MB) and with the ~3 GB synthetic image of
+# bench/pull.sh (start cost must not grow with image size); and 64 tasks on
+# one node (`srun -N1 -n64 --overcommit`) bare and in a container. Prints each
+# median, the added milliseconds and the ratios. Images are pulled once on
+# every node before timing (the warm case is what every step after the first
+# sees).
 # Then, in one allocation with a step running `--container-name=x`, RUNS
 # further steps joining x against RUNS bare steps, interleaved: the added
 # cost of joining a running named container.
@@ -44,20 +48,43 @@ cd "$BERTH_TEST_WORKDIR"
 IMAGE=$BERTH_TEST_REGISTRY/busybox:latest
 as_user() { runuser -u berthuser -- "$@"; }
 
-as_user srun -n1 "--container-image=$IMAGE" true   # pull once
+NODES_ALL=${BERTH_TEST_NODES:-2}
+as_user srun -N"$NODES_ALL" "--container-image=$IMAGE" true   # pull once on every node
+
+# The ~3 GB synthetic image of bench/pull.sh (bench/make-image.py), built once
+# and cached; start cost must not grow with image size.
+BIG_LAYOUT=${BERTH_TEST_CACHE_DIR:-/var/cache/berth-test}/bench-pull/layout
+if [[ ! -d $BIG_LAYOUT ]]; then
+    echo "building the ~3 GB synthetic image in $BIG_LAYOUT (once; a few minutes)" >&2
+    python3 "$REPO/bench/make-image.py" "$BIG_LAYOUT" >&2
+fi
+skopeo copy --quiet --dest-tls-verify=false "oci:$BIG_LAYOUT:big" "docker://$BERTH_TEST_REGISTRY/bench/start:big"
+BIG=$BERTH_TEST_REGISTRY/bench/start:big
+as_user srun -N"$NODES_ALL" "--container-image=$BIG" true   # pull and convert once on every node
 
 ms() { local t0 t1; t0=$(date +%s%N); "$@" >/dev/null; t1=$(date +%s%N); echo $(((t1 - t0) / 1000000)); }
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-bare=() container=()
+bare=() container=() big=() bare64=() container64=()
 for ((i = 0; i < RUNS; i++)); do
     bare+=("$(ms as_user srun -n1 true)")
     container+=("$(ms as_user srun -n1 "--container-image=$IMAGE" true)")
+    big+=("$(ms as_user srun -n1 "--container-image=$BIG" true)")
+    bare64+=("$(ms as_user srun -N1 -n64 --overcommit true)")
+    container64+=("$(ms as_user srun -N1 -n64 --overcommit "--container-image=$IMAGE" true)")
 done
 mb=$(printf '%s\n' "${bare[@]}" | median)
 mc=$(printf '%s\n' "${container[@]}" | median)
+mg=$(printf '%s\n' "${big[@]}" | median)
+mb64=$(printf '%s\n' "${bare64[@]}" | median)
+mc64=$(printf '%s\n' "${container64[@]}" | median)
 echo "bare srun -n1 true:                     median ${mb} ms  (runs: ${bare[*]})"
-echo "srun -n1 --container-image=... true:    median ${mc} ms  (runs: ${container[*]})"
-awk -v c="$mc" -v b="$mb" 'BEGIN {printf "ratio container/bare: %.2f  (container setup adds %d ms)\n", c / b, c - b}'
+echo "srun -n1 --container-image=busybox:     median ${mc} ms  (runs: ${container[*]})"
+echo "srun -n1 --container-image=3 GB image:  median ${mg} ms  (runs: ${big[*]})"
+echo "bare srun -N1 -n64 --overcommit true:   median ${mb64} ms  (runs: ${bare64[*]})"
+echo "same with --container-image=busybox:    median ${mc64} ms  (runs: ${container64[*]})"
+awk -v c="$mc" -v b="$mb" 'BEGIN {printf "ratio container/bare: %.2f  (container setup adds %d ms; goal <= 100 ms)\n", c / b, c - b}'
+awk -v g="$mg" -v c="$mc" -v b="$mb" 'BEGIN {printf "3 GB image adds %d ms, busybox adds %d ms: the large image costs %+.0f%% (goal: within 20%%)\n", g - b, c - b, (c - b) > 0 ? 100 * ((g - b) / (c - b) - 1) : 0}'
+awk -v c64="$mc64" -v b64="$mb64" -v c="$mc" -v b="$mb" 'BEGIN {printf "64 tasks on one node add %d ms in all, %.2fx the single-task figure (goal <= 2x)\n", c64 - b64, (c - b) > 0 ? (c64 - b64) / (c - b) : 0}'
 
 # Joining a running named container, in one allocation: step 1 holds x.
 inner=$(mktemp /tmp/berth-bench-join.XXXXXX)
