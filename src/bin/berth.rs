@@ -14,7 +14,7 @@ use berth::container::{holder_main, spawn_holder, Mode};
 use berth::reference::ImageSource;
 use berth::registry::RegistryOptions;
 use berth::store::units::{format_size, format_utc, parse_size};
-use berth::store::{pull_image, GcOptions, PullOptions, RemoveOutcome, Store};
+use berth::store::{pull_image, GcOptions, ProgressMode, PullOptions, RemoveOutcome, Store};
 
 #[derive(Parser)]
 #[command(
@@ -140,7 +140,7 @@ impl StoreArgs {
                 insecure_registries: insecure,
                 ..RegistryOptions::default()
             },
-            progress: false,
+            progress: ProgressMode::Off,
         };
         (root, options)
     }
@@ -180,7 +180,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let config = Config::for_cli()?;
             let source = ImageSource::parse(&image)?;
             let (root, mut options) = store.resolve(&config);
-            options.progress = !json;
+            options.progress = if json {
+                ProgressMode::Off
+            } else {
+                ProgressMode::auto()
+            };
             let stored = pull_image(&root, &source, &options)
                 .with_context(|| format!("cannot pull {source}"))?;
             if json {
