@@ -40,6 +40,7 @@ const CONFIG_TYPES: &[&str] = &[
 ];
 
 pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Result<StoredImage> {
+    let started = std::time::Instant::now();
     let progress = Progress::new(options.progress);
     let client = RegistryClient::new(&options.registry);
     if let Some(found) = pinned_in_store(store, &client, image, &progress)? {
@@ -104,11 +105,12 @@ pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Re
         eprintln!("berth: warning: {image}: {w}");
     }
     progress.say(format!(
-        "{} files, {} of data, into a {} squashfs in {:.1} s",
-        stats.paths,
-        mb(stats.bytes),
+        "pulled {} layers ({}) into a {} squashfs ({} files) in {:.1} s",
+        layers.len(),
+        mb(total),
         mb(stats.image_size),
-        stats.total_time.as_secs_f64()
+        stats.paths,
+        started.elapsed().as_secs_f64()
     ));
 
     let meta = ImageMeta {
