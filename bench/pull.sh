@@ -86,11 +86,13 @@ blob_gets() { grep -c "\"GET /v2/$1/blobs/sha256:" "$REGLOG" || true; }
 tree_rss() {
     local pids=$1 all=$1 kids
     while [[ -n $pids ]]; do
-        kids=$(for p in $pids; do cat "/proc/$p/task/$p/children" 2>/dev/null; done | xargs)
+        kids=$(for p in $pids; do cat "/proc/$p/task/$p/children" 2>/dev/null || true; done | xargs)
         all="$all $kids"
         pids=$kids
     done
-    for p in $all; do awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null; done | awk '{s += $1} END {print s + 0}'
+    # Processes may end while they are read: never fail.
+    for p in $all; do awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || true; done |
+        awk '{s += $1} END {print s + 0}'
 }
 
 # berth_pull STORE REF: prints "seconds peak_rss_kib".
@@ -100,7 +102,7 @@ berth_pull() {
     "$BERTH" pull --store "$store" --insecure-registry "$REG" "$ref" >"$WORK/pull.out" 2>"$WORK/pull.err" &
     pid=$!
     while kill -0 "$pid" 2>/dev/null; do
-        rss=$(tree_rss "$pid")
+        rss=$(tree_rss "$pid" || echo 0)
         ((rss > peak)) && peak=$rss
         sleep 0.05
     done

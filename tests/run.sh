@@ -64,6 +64,6 @@ export BERTH_REQUIRE_CLUSTER=1
 log "unit and integration tests"
 cargo build --release --locked --examples
 cargo test --release --locked --no-fail-fast --lib --bins --test container_runtime --test container_join \
-    --test store_cli --test cli --test cluster --test umoci_equivalence -- --test-threads=2
+    --test store_cli --test cli --test cluster --test umoci_equivalence --test cluster_pull -- --test-threads=2
 log "leftover check (alone, after every other test)"
 cargo test --release --locked --test cluster_leftovers

@@ -231,6 +231,14 @@ pub fn log_info(message: &str) {
     unsafe { ffi::slurm_info(c"%s".as_ptr(), message.as_ptr()) }
 }
 
+/// Shows a line to the user: on srun's stderr from slurmstepd (`slurm_info`
+/// only reaches the logs there), without the `error: ` prefix.
+pub fn log_user(message: &str) {
+    let message = to_c_message(&format!("berth: {message}"));
+    // SAFETY: a "%s" format with one valid C string argument.
+    unsafe { ffi::slurm_spank_log(c"%s".as_ptr(), message.as_ptr()) }
+}
+
 /// Logs at verbose level (`srun -v`) through Slurm.
 pub fn log_verbose(message: &str) {
     let message = to_c_message(&format!("berth: {message}"));

@@ -253,7 +253,7 @@ fn pull(config: &Config, store: &Path, image: &str) -> Result<StoredImage, Strin
         let node = nix::unistd::gethostname()
             .map(|h| h.to_string_lossy().into_owned())
             .unwrap_or_default();
-        handle::log_info(&format!(
+        handle::log_user(&format!(
             "{node}: {image}: {}",
             done.trim_start_matches("berth: ")
         ));

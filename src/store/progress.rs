@@ -233,6 +233,19 @@ impl Progress {
             .filter(|l| l.state.load(Ordering::Relaxed) >= state::STORED)
             .count();
         let percent = if total == 0 { 100 } else { done * 100 / total };
+        let converting = self
+            .layers
+            .iter()
+            .position(|l| l.state.load(Ordering::Relaxed) == state::CONVERTING);
+        if let (Some(i), true) = (converting, complete == self.layers.len()) {
+            return format!(
+                "all {} layers fetched; converting layer {} of {}, {:.1} s",
+                self.layers.len(),
+                self.layers.len() - i,
+                self.layers.len(),
+                self.started.elapsed().as_secs_f64()
+            );
+        }
         format!(
             "fetched {} of {} ({percent}%), {complete} of {} layers, {:.1} s",
             mb(done).trim_end_matches(" MB"),
