@@ -232,7 +232,7 @@ impl Progress {
             .iter()
             .filter(|l| l.state.load(Ordering::Relaxed) >= state::STORED)
             .count();
-        let percent = if total == 0 { 100 } else { done * 100 / total };
+        let percent = (done * 100).checked_div(total).unwrap_or(100);
         let converting = self
             .layers
             .iter()

@@ -311,16 +311,12 @@ fn download_and_convert(
                     *n -= 1;
                     *n
                 };
-                let r = fetch_blob(
-                    store,
-                    client,
-                    image,
-                    &digests[i],
-                    layers[i].size,
-                    retry,
-                    progress,
-                    i,
-                );
+                let blob = Blob {
+                    digest: &digests[i],
+                    size: layers[i].size,
+                    index: i,
+                };
+                let r = fetch_blob(store, client, image, blob, retry, progress);
                 if r.is_err() {
                     stop.store(true, Ordering::Relaxed);
                 }
@@ -408,6 +404,14 @@ impl Board {
     }
 }
 
+/// One layer blob to fetch: its digest, size and index in the manifest.
+#[derive(Clone, Copy)]
+struct Blob<'a> {
+    digest: &'a Digest,
+    size: u64,
+    index: usize,
+}
+
 /// Fetches one blob into `blobs/` via a locked temp file, verified. A
 /// connection lost in the middle of the body starts the blob again, as often
 /// as `retry` allows (the request itself is retried by the client).
@@ -415,12 +419,15 @@ fn fetch_blob(
     store: &Store,
     client: &RegistryClient,
     image: &ImageRef,
-    digest: &Digest,
-    size: u64,
+    blob: Blob<'_>,
     retry: RetryPolicy,
     progress: &Progress,
-    index: usize,
 ) -> Result<()> {
+    let Blob {
+        digest,
+        size,
+        index,
+    } = blob;
     let dest = store.blob_path(digest);
     if fs::metadata(&dest).is_ok_and(|m| m.len() == size) {
         progress.stored(index);
