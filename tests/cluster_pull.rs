@@ -66,8 +66,9 @@ fn digest_of(run: &Run) -> String {
         .to_string()
 }
 
-/// Copies `from` to `to` (`host:port/repo:tag`, same plain-HTTP registry or not).
-fn skopeo_copy(from: &str, to: &str, creds: Option<&str>) {
+/// Copies `from` to `to` (`host:port/repo:tag`, plain-HTTP registries), with
+/// skopeo `extra` options.
+fn skopeo_copy(from: &str, to: &str, extra: &[&str]) {
     let mut c = Command::new("skopeo");
     c.args([
         "copy",
@@ -75,9 +76,7 @@ fn skopeo_copy(from: &str, to: &str, creds: Option<&str>) {
         "--src-tls-verify=false",
         "--dest-tls-verify=false",
     ]);
-    if let Some(creds) = creds {
-        c.args(["--src-creds", creds, "--dest-creds", creds]);
-    }
+    c.args(extra);
     c.arg(format!("docker://{from}"))
         .arg(format!("docker://{to}"));
     let out = output_of(&mut c);
@@ -251,12 +250,19 @@ fn srun_pinned_image_pulls_once() {
     };
     let registry = cluster.registry();
     let log = cluster.var("BERTH_TEST_REGISTRY_LOG");
-    // A repository of its own, so no other test's requests are counted.
+    // A repository of its own, so no other test's requests are counted, and
+    // an image of its own (zstd layers: another digest), so removing it from
+    // the node store below touches no other test's image.
     let repository = "berth-pinned/busybox";
     skopeo_copy(
         &format!("{registry}/busybox:latest"),
         &format!("{registry}/{repository}:latest"),
-        None,
+        &[
+            "--dest-compress-format",
+            "zstd",
+            "--dest-compress-level",
+            "3",
+        ],
     );
     let out = output_of(Command::new("skopeo").args([
         "inspect",
@@ -311,7 +317,7 @@ fn mirror_serves_docker_io_names() {
     skopeo_copy(
         &format!("{registry}/busybox:latest"),
         &format!("{registry}/{repository}:latest"),
-        None,
+        &[],
     );
     let base = shared_tempdir();
     let conf = base.path().join("berth.conf");

@@ -540,3 +540,59 @@ fn publish(store: &Store, staging: TempEntry, digest: &Digest) -> Result<()> {
     staging.keep();
     sync_dir(&store.images_dir())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolved(layers: &str) -> ResolvedImage {
+        let manifest = format!(
+            r#"{{"schemaVersion":2,"config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:{c}","size":2}},"layers":{layers}}}"#,
+            c = "c".repeat(64)
+        );
+        let manifest: crate::registry::ImageManifest = serde_json::from_str(&manifest).unwrap();
+        let image = ImageRef::parse("registry.example:5000/win/app:1").unwrap();
+        ResolvedImage {
+            image,
+            manifest_digest: Digest::of_bytes(b"m"),
+            manifest_bytes: Vec::new(),
+            manifest,
+            index_digest: None,
+            platform: None,
+        }
+    }
+
+    #[test]
+    fn foreign_layers_with_urls_are_skipped_with_a_note() {
+        let (a, b, c) = ("a".repeat(64), "b".repeat(64), "d".repeat(64));
+        let layers = format!(
+            r#"[{{"mediaType":"application/vnd.docker.image.rootfs.foreign.diff.tar.gzip","digest":"sha256:{a}","size":5,"urls":["https://cdn.example/base"]}},
+                {{"mediaType":"application/vnd.oci.image.layer.nondistributable.v1.tar+gzip","digest":"sha256:{b}","size":6}},
+                {{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:{c}","size":7}}]"#
+        );
+        let r = resolved(&layers);
+        let (usable, notes) = usable_layers(&r.image, &r).unwrap();
+        // With urls: skipped, with a note naming it; without: fetched like any layer.
+        let kept: Vec<_> = usable.iter().map(|l| l.size).collect();
+        assert_eq!(kept, [6, 7]);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].contains(&a) && notes[0].contains("cdn.example"),
+            "{notes:?}"
+        );
+    }
+
+    #[test]
+    fn unknown_layer_types_are_refused() {
+        let layers = format!(
+            r#"[{{"mediaType":"application/vnd.example.weights","digest":"sha256:{}","size":5}}]"#,
+            "a".repeat(64)
+        );
+        let r = resolved(&layers);
+        let e = usable_layers(&r.image, &r).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("application/vnd.example.weights"),
+            "{e:#}"
+        );
+    }
+}
