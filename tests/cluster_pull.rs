@@ -66,9 +66,8 @@ fn digest_of(run: &Run) -> String {
         .to_string()
 }
 
-/// Copies `from` to `to` (`host:port/repo:tag`, plain-HTTP registries), with
-/// skopeo `extra` options.
-fn skopeo_copy(from: &str, to: &str, extra: &[&str]) {
+/// Copies `from` to `to` (`host:port/repo:tag`, plain-HTTP registries).
+fn skopeo_copy(from: &str, to: &str) {
     let mut c = Command::new("skopeo");
     c.args([
         "copy",
@@ -76,7 +75,6 @@ fn skopeo_copy(from: &str, to: &str, extra: &[&str]) {
         "--src-tls-verify=false",
         "--dest-tls-verify=false",
     ]);
-    c.args(extra);
     c.arg(format!("docker://{from}"))
         .arg(format!("docker://{to}"));
     let out = output_of(&mut c);
@@ -251,36 +249,70 @@ fn srun_pinned_image_pulls_once() {
     let registry = cluster.registry();
     let log = cluster.var("BERTH_TEST_REGISTRY_LOG");
     // A repository of its own, so no other test's requests are counted, and
-    // an image of its own (zstd layers: another digest), so removing it from
-    // the node store below touches no other test's image.
+    // an image no node has seen: busybox with a config of its own (umoci
+    // rewrites config and manifest, the layer is shared).
     let repository = "berth-pinned/busybox";
-    skopeo_copy(
-        &format!("{registry}/busybox:latest"),
-        &format!("{registry}/{repository}:latest"),
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = tmp.path().join("oci");
+    let layout = layout.to_str().unwrap();
+    let unique = format!(
+        "BERTH_PINNED={}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let tool = |program: &str, args: &[&str]| {
+        let out = output_of(Command::new(program).args(args));
+        assert!(
+            out.status.success(),
+            "{program} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    tool(
+        "skopeo",
         &[
-            "--dest-compress-format",
-            "zstd",
-            "--dest-compress-level",
-            "3",
+            "copy",
+            "-q",
+            "--src-tls-verify=false",
+            &format!("docker://{registry}/busybox:latest"),
+            &format!("oci:{layout}:pinned"),
         ],
     );
-    let out = output_of(Command::new("skopeo").args([
-        "inspect",
-        "--tls-verify=false",
-        "--format",
-        "{{.Digest}}",
-        &format!("docker://{registry}/{repository}:latest"),
-    ]));
-    let digest = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(digest.starts_with("sha256:"), "{digest}");
-    // Not in node1's store yet (the test may run again on the same cluster).
-    let node_store = format!(
-        "{}/nodes/node1/berth-store",
-        cluster.var("BERTH_TEST_STATE_DIR")
+    tool(
+        "umoci",
+        &[
+            "config",
+            "--image",
+            &format!("{layout}:pinned"),
+            "--config.env",
+            &unique,
+        ],
     );
-    if Path::new(&node_store).exists() {
-        let _ = output_of(Command::new(berth()).args(["rmi", "--store", &node_store, &digest]));
-    }
+    tool(
+        "skopeo",
+        &[
+            "copy",
+            "-q",
+            "--dest-tls-verify=false",
+            &format!("oci:{layout}:pinned"),
+            &format!("docker://{registry}/{repository}:latest"),
+        ],
+    );
+    let digest = tool(
+        "skopeo",
+        &[
+            "inspect",
+            "--tls-verify=false",
+            "--format",
+            "{{.Digest}}",
+            &format!("docker://{registry}/{repository}:latest"),
+        ],
+    );
+    assert!(digest.starts_with("sha256:"), "{digest}");
     let image = format!("--container-image={registry}/{repository}@{digest}");
     let first = cluster
         .srun(Submitter::User, &["-N1", "-w", "node1", &image, "true"])
@@ -317,7 +349,6 @@ fn mirror_serves_docker_io_names() {
     skopeo_copy(
         &format!("{registry}/busybox:latest"),
         &format!("{registry}/{repository}:latest"),
-        &[],
     );
     let base = shared_tempdir();
     let conf = base.path().join("berth.conf");
