@@ -54,6 +54,10 @@ pub struct Config {
     pub log_level: LogLevel,
     /// Injection settings: host MPI profiles, GPU and CDI locations.
     pub inject: InjectConfig,
+    /// Pull-through mirrors, `(registry, mirror)` (`mirrors=docker.io=mirror.site:5000,...`).
+    pub mirrors: Vec<(String, String)>,
+    /// Retries of a failed registry request (`registry_retries=N`; `None`: the built-in 3).
+    pub registry_retries: Option<u32>,
 }
 
 /// How much the plugin logs (`log_level`). Each level includes the ones
@@ -146,6 +150,8 @@ pub const KEYS: &[&str] = &[
     "gpu_dev_root",
     "gpu_driver_root",
     "cdi_spec_dirs",
+    "mirrors",
+    "registry_retries",
 ];
 
 impl Default for Config {
@@ -160,6 +166,8 @@ impl Default for Config {
             sbatch_support: true,
             log_level: LogLevel::Info,
             inject: InjectConfig::default(),
+            mirrors: Vec::new(),
+            registry_retries: None,
         }
     }
 }
@@ -302,6 +310,18 @@ impl Config {
                     .map(absolute)
                     .collect::<Result<_, _>>()?
             }
+            "mirrors" => {
+                self.mirrors =
+                    parse_mirrors(value).map_err(|e| err(format!("{key}={value}: {e}")))?
+            }
+            "registry_retries" => {
+                let n: u32 = value.parse().ok().filter(|n| *n <= 20).ok_or_else(|| {
+                    err(format!(
+                        "{key}={value}: expected a number of retries from 0 to 20"
+                    ))
+                })?;
+                self.registry_retries = Some(n);
+            }
             "container_scope" => match value {
                 "job" | "global" => self.container_scope = value.to_string(),
                 _ => return Err(err(format!("{key}={value}: expected `job` or `global`"))),
@@ -315,6 +335,26 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Parses `REGISTRY=MIRROR[,REGISTRY=MIRROR...]`, both `host[:port]`
+/// (e.g. `docker.io=mirror.site:5000`).
+pub fn parse_mirrors(value: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let bad = |why: &str| {
+            format!("`{item}` {why}: write REGISTRY=MIRROR, e.g. docker.io=mirror.site:5000")
+        };
+        let (registry, mirror) = item.split_once('=').ok_or_else(|| bad("has no `=`"))?;
+        let (registry, mirror) = (registry.trim(), mirror.trim());
+        for host in [registry, mirror] {
+            if host.is_empty() || host.contains(['/', ' ', '@']) || host.contains("://") {
+                return Err(bad("is not host[:port] on both sides"));
+            }
+        }
+        out.push((registry.to_string(), mirror.to_string()));
+    }
+    Ok(out)
 }
 
 /// Parses pyxis-style booleans: 1/true/yes/y and 0/false/no/n.
@@ -408,6 +448,36 @@ mod tests {
                 .contains("log_level=loud: expected one of error, info, verbose, debug"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn mirrors_and_retries() {
+        let config = Config::from_plugstack_args(&args(&[
+            "mirrors=docker.io=mirror.site:5000, ghcr.io=10.0.0.1:5001",
+            "registry_retries=5",
+        ]))
+        .unwrap();
+        assert_eq!(
+            config.mirrors,
+            vec![
+                ("docker.io".to_string(), "mirror.site:5000".to_string()),
+                ("ghcr.io".to_string(), "10.0.0.1:5001".to_string())
+            ]
+        );
+        assert_eq!(config.registry_retries, Some(5));
+        for bad in [
+            "mirrors=docker.io",
+            "mirrors=docker.io=https://m",
+            "registry_retries=x",
+        ] {
+            let e = Config::from_plugstack_args(&args(&[bad])).unwrap_err();
+            assert!(
+                e.to_string().contains(bad.split('=').next().unwrap()),
+                "{e}"
+            );
+        }
+        let e = Config::from_plugstack_args(&args(&["mirrors=a=/m"])).unwrap_err();
+        assert!(e.to_string().contains("REGISTRY=MIRROR"), "{e}");
     }
 
     #[test]

@@ -41,6 +41,7 @@ fn blob(store: &Store, content: &[u8]) -> Descriptor {
         digest: digest.to_string(),
         size: content.len() as u64,
         platform: None,
+        urls: Vec::new(),
     }
 }
 
@@ -61,6 +62,7 @@ fn add_image(
             digest: Digest::of_bytes(repo_tag.as_bytes()).to_string(),
             size: 10,
             platform: None,
+            urls: Vec::new(),
         },
         layers: layers.to_vec(),
     };
@@ -93,6 +95,7 @@ fn add_image(
         platform: None,
         layers: layers.iter().map(|l| l.digest.clone()).collect(),
         compressed_size: layers.iter().map(|l| l.size).sum(),
+        anonymous: false,
         squashfs_size: sqfs_bytes as u64,
         converter_version: CONVERTER_VERSION,
         created: created

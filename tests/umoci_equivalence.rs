@@ -508,6 +508,159 @@ fn openmpi_equals_umoci_unpack() {
     }
 }
 
+/// One entry of a hand-made layer.
+enum Item<'a> {
+    Dir(&'a str),
+    File(&'a str, &'a str),
+    Hard(&'a str, &'a str),
+}
+
+/// A gzip layer tar of `items` (owner 0, mtime fixed).
+fn layer_tar(items: &[Item]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for item in items {
+        let mut h = tar::Header::new_gnu();
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(1_700_000_000);
+        h.set_size(0);
+        match item {
+            Item::Dir(p) => {
+                h.set_entry_type(tar::EntryType::Directory);
+                h.set_mode(0o755);
+                b.append_data(&mut h, p, std::io::empty()).unwrap();
+            }
+            Item::File(p, data) => {
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_mode(0o644);
+                h.set_size(data.len() as u64);
+                b.append_data(&mut h, p, data.as_bytes()).unwrap();
+            }
+            Item::Hard(p, target) => {
+                h.set_entry_type(tar::EntryType::Link);
+                h.set_mode(0o644);
+                b.append_link(&mut h, p, target).unwrap();
+            }
+        }
+    }
+    let tar = b.into_inner().unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, &tar).unwrap();
+    gz.finish().unwrap()
+}
+
+/// Writes `bytes` as a blob of the OCI layout `dir`; returns its descriptor.
+fn put_blob(dir: &Path, media_type: &str, bytes: &[u8]) -> serde_json::Value {
+    let hex = format!("{:x}", Sha256::digest(bytes));
+    std::fs::write(dir.join("blobs/sha256").join(&hex), bytes).unwrap();
+    serde_json::json!({"mediaType": media_type, "digest": format!("sha256:{hex}"), "size": bytes.len()})
+}
+
+/// Pushes an image of `layers` (lowest first) to `registry` as `name` with
+/// skopeo, from an OCI layout written here.
+fn push_layers(registry: &str, name: &str, layers: &[Vec<u8>]) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::create_dir_all(dir.join("blobs/sha256")).unwrap();
+    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    let descs: Vec<_> = layers
+        .iter()
+        .map(|l| put_blob(dir, "application/vnd.oci.image.layer.v1.tar+gzip", l))
+        .collect();
+    let diff_ids: Vec<String> = layers
+        .iter()
+        .map(|l| {
+            let mut tar = Vec::new();
+            flate2::read::GzDecoder::new(&l[..])
+                .read_to_end(&mut tar)
+                .unwrap();
+            format!("sha256:{:x}", Sha256::digest(&tar))
+        })
+        .collect();
+    let config = serde_json::json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Env": ["PATH=/bin"]},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids}
+    });
+    let config = put_blob(
+        dir,
+        "application/vnd.oci.image.config.v1+json",
+        &serde_json::to_vec(&config).unwrap(),
+    );
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": config, "layers": descs
+    });
+    let mut manifest = put_blob(
+        dir,
+        "application/vnd.oci.image.manifest.v1+json",
+        &serde_json::to_vec(&manifest).unwrap(),
+    );
+    manifest["annotations"] = serde_json::json!({"org.opencontainers.image.ref.name": "latest"});
+    let index = serde_json::json!({"schemaVersion": 2, "manifests": [manifest]});
+    std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    run(
+        "skopeo",
+        &[
+            "copy".as_ref(),
+            "-q".as_ref(),
+            "--dest-tls-verify=false".as_ref(),
+            format!("oci:{}:latest", dir.display()).as_ref(),
+            format!("docker://{registry}/{name}").as_ref(),
+        ],
+    );
+}
+
+/// The cases a one-pass, top-down conversion risks: hard links whose target a
+/// later layer replaces (in its own layer and in a lower one), a directory
+/// whited out and made again, an opaque directory with hard links inside.
+#[test]
+fn tricky_links_and_whiteouts_equal_umoci_unpack() {
+    let Some(registry) = registry() else { return };
+    use Item::*;
+    let layers = [
+        layer_tar(&[
+            Dir("d"),
+            File("d/f", "f in layer 0\n"),
+            File("d/g", "g in layer 0\n"),
+            Hard("d/g-link", "d/g"),
+            Dir("w"),
+            File("w/old", "old\n"),
+            Dir("w/sub"),
+            File("w/sub/deep", "deep\n"),
+            Dir("o"),
+            File("o/x", "x\n"),
+            Hard("o/x-link", "o/x"),
+        ]),
+        layer_tar(&[
+            Dir("d"),
+            // A link to a file of a lower layer, replaced again in layer 2.
+            Hard("d/f-link", "d/f"),
+            File("d/g", "g in layer 1\n"),
+            // The directory is deleted and made again in the same layer.
+            File(".wh.w", ""),
+            Dir("w"),
+            File("w/new", "new\n"),
+        ]),
+        layer_tar(&[
+            Dir("d"),
+            File("d/f", "f in layer 2\n"),
+            Dir("o"),
+            File("o/.wh..wh..opq", ""),
+            File("o/n", "n in layer 2\n"),
+            Hard("o/n-link", "o/n"),
+            Hard("o/n-link2", "o/n-link"),
+        ]),
+        layer_tar(&[Dir("o"), File("o/n", "n in layer 3\n")]),
+    ];
+    push_layers(&registry, "berth-tricky:latest", &layers);
+    let tree = check_image(&registry, "berth-tricky:latest");
+    for gone in ["/w/old", "/w/sub", "/o/x", "/o/x-link"] {
+        assert!(!tree.contains_key(gone.as_bytes()), "umoci kept {gone}");
+    }
+}
+
 fn set_xattr(path: &Path, name: &str, value: &[u8]) {
     let (cpath, cname) = (c_path(path), CString::new(name).unwrap());
     // SAFETY: valid NUL-terminated strings and a buffer of `value.len()` bytes.

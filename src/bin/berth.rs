@@ -8,15 +8,15 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
-use berth::config::Config;
+use berth::config::{parse_mirrors, Config};
 use berth::container::spec::{parse_mounts, ContainerSpec, UserIdentity};
 use berth::container::{holder_main, spawn_holder, Mode};
 use berth::inject::{self, gpu::GpuRequest};
 use berth::named::{check_name, NamedKey, NamedRoots, Scope};
 use berth::reference::ImageSource;
-use berth::registry::RegistryOptions;
+use berth::registry::{RegistryOptions, RetryPolicy};
 use berth::store::units::{format_size, format_utc, parse_size};
-use berth::store::{pull_image, GcOptions, PullOptions, RemoveOutcome, Store};
+use berth::store::{pull_image, GcOptions, ProgressMode, PullOptions, RemoveOutcome, Store};
 
 #[derive(Parser)]
 #[command(
@@ -163,6 +163,16 @@ struct StoreArgs {
     /// A registry (`host[:port]`) to reach over plain HTTP; repeatable.
     #[arg(long = "insecure-registry")]
     insecure_registries: Vec<String>,
+    /// A pull-through mirror, `REGISTRY=MIRROR` (e.g. `docker.io=mirror.site:5000`):
+    /// images of REGISTRY are asked from MIRROR first; repeatable.
+    #[arg(long = "mirror")]
+    mirrors: Vec<String>,
+    /// Retries of a failed registry request (default: 3, or `registry_retries` of the config file).
+    #[arg(long)]
+    registry_retries: Option<u32>,
+    /// Progress on stderr: `auto` (bars on a terminal, else lines), `bars`, `lines`, `none`.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "bars", "lines", "none"])]
+    progress: String,
 }
 
 #[derive(clap::Args)]
@@ -191,21 +201,39 @@ fn parse_size_arg(text: &str) -> Result<u64, String> {
 }
 
 impl StoreArgs {
-    fn resolve(&self, config: &Config) -> (PathBuf, PullOptions) {
+    fn resolve(&self, config: &Config) -> Result<(PathBuf, PullOptions)> {
         let root = self
             .store
             .clone()
             .unwrap_or_else(|| config.store_path.clone());
         let mut insecure = config.insecure_registries.clone();
         insecure.extend(self.insecure_registries.iter().cloned());
+        // The command line's mirrors come first: they win over the config file's.
+        let mut mirrors = Vec::new();
+        for text in &self.mirrors {
+            mirrors.extend(parse_mirrors(text).map_err(|e| anyhow::anyhow!("--mirror {e}"))?);
+        }
+        mirrors.extend(config.mirrors.iter().cloned());
+        let mut retry = RetryPolicy::default();
+        if let Some(n) = self.registry_retries.or(config.registry_retries) {
+            retry.attempts = n + 1;
+        }
+        let progress = match self.progress.as_str() {
+            "bars" => ProgressMode::Bars,
+            "lines" => ProgressMode::Lines,
+            "none" => ProgressMode::Off,
+            _ => ProgressMode::auto(),
+        };
         let options = PullOptions {
             registry: RegistryOptions {
                 insecure_registries: insecure,
+                mirrors,
+                retry,
                 ..RegistryOptions::default()
             },
-            progress: false,
+            progress,
         };
-        (root, options)
+        Ok((root, options))
     }
 }
 
@@ -246,8 +274,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Commands::Pull { image, store, json } => {
             let config = Config::for_cli()?;
             let source = ImageSource::parse(&image)?;
-            let (root, mut options) = store.resolve(&config);
-            options.progress = !json;
+            let (root, mut options) = store.resolve(&config)?;
+            if json && store.progress == "auto" {
+                options.progress = ProgressMode::Off;
+            }
             let stored = pull_image(&root, &source, &options)
                 .with_context(|| format!("cannot pull {source}"))?;
             if json {
@@ -282,7 +312,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
         } => {
             let config = Config::for_cli()?;
             let source = ImageSource::parse(&image)?;
-            let (root, options) = store.resolve(&config);
+            let (root, mut options) = store.resolve(&config)?;
+            if store.progress == "auto" {
+                options.progress = ProgressMode::Off;
+            }
             let stored = pull_image(&root, &source, &options)
                 .with_context(|| format!("cannot pull {source}"))?;
             // Keeps `berth rmi`/`gc` off the image while the container runs.

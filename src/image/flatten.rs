@@ -1,32 +1,47 @@
-//! Layers -> one tar stream of the final file system, in two passes, with no
-//! file extracted to disk.
+//! Layers -> one tar stream of the final file system, in one pass over each
+//! layer's bytes, with no file extracted to disk.
 //!
-//! Pass 1 ([`plan`]) reads every layer's tar headers and computes, in memory,
-//! which entry wins at each path: a later layer's entry replaces an earlier
-//! one; whiteouts `.wh.NAME` delete NAME and its subtree from lower layers;
-//! `.wh..wh..opq` hides the lower layers' children of its directory; an entry
-//! whose parent became a non-directory in a later layer disappears. Whiteout
-//! files never appear in the output.
+//! Layers are read top-down (the last layer first). An entry is written as
+//! soon as it is read, unless a layer above already decided its path:
 //!
-//! Pass 2 ([`write_tar`]) reads the layers again and writes only the winning
-//! entries, headers preserved (type, mode bits including setuid/setgid/sticky,
+//! - an upper entry at the same path wins (an upper directory only wins the
+//!   directory's own metadata: lower children stay);
+//! - an upper whiteout `.wh.NAME` hides NAME and its subtree;
+//! - an upper `.wh..wh..opq` hides the lower children of its directory;
+//! - an upper non-directory hides everything below its path;
+//! - an upper entry below a path makes that path a directory: a lower
+//!   non-directory there is hidden (as an overlay upper directory hides a
+//!   lower file).
+//!
+//! What a layer decides is only applied to the layers below it once the layer
+//! is read, so whiteouts never hide the same layer's entries. Whiteout files
+//! never appear in the output. Memory holds paths (a few bytes per path of the
+//! image), never file content.
+//!
+//! Headers are preserved (type, mode bits including setuid/setgid/sticky,
 //! owner, mtime, link names, device numbers, PAX records such as
-//! `SCHILY.xattr.*`, long names), plus directories that only existed
-//! implicitly (mode 0755, root, mtime 0).
+//! `SCHILY.xattr.*`, long names). Directories that only exist because
+//! something below them does are written at the end (mode 0755, root, mtime
+//! 0); tar2sqfs accepts children before their parents and takes a parent's
+//! metadata whenever its entry comes.
 //!
 //! Paths are pure bytes: leading `/` and `./` are stripped, entries with a
 //! `..` component or a NUL byte are skipped with a warning, and symlinks are
 //! never followed: nothing here touches the host file system.
 //!
-//! Hard links are kept when their target is a winning entry (which the stream
-//! always emits earlier). When the target was replaced or deleted by a later
-//! layer, the link's path gets a copy of the target's content (several links
-//! to the same lost target share one copy through hard links). Links to
-//! directories or to paths that never existed are skipped with a warning.
-//! Limitation: a hard link to a file of a lower layer that the same layer did
-//! not include is resolved against the lower layers' current entry.
+//! Hard links: a link whose target is written at its own path is written as
+//! a link (tar2sqfs resolves links at the end, whatever their order). When
+//! the target was hidden by an upper layer, the link keeps the target's old
+//! content: the copy is deferred to the end, where only the layers holding
+//! such targets are read again, up to the entries needed (several links to
+//! one lost target share one copy through hard links). A link to a path its
+//! own layer does not hold names the topmost lower layer's entry at that
+//! path. Links to directories or to paths that never existed are skipped with
+//! a warning. Limitations: a second entry for the same path in one layer is
+//! skipped with a warning (the first is kept), and a whiteout between a link
+//! and its lower-layer target is not taken into account.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -36,27 +51,21 @@ use tar::{Archive, Builder, EntryType, Header};
 
 use super::layer::Layer;
 
-/// How many warnings a plan keeps in full; the rest are only counted.
+/// How many warnings are kept in full; the rest are only counted.
 const MAX_WARNINGS: usize = 50;
 
-/// An entry of a layer: the layer's index and the entry's position in its tar.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-struct EntryRef {
-    layer: u32,
-    ordinal: u32,
-}
-
-/// What pass 1 keeps of one tar entry.
-#[derive(Debug)]
-enum Item {
-    /// A directory, file, symlink, device or fifo at `path`.
-    Entry { path: Vec<u8>, dir: bool },
-    /// A hard link at `path` to `target` (both normalised).
-    Hardlink { path: Vec<u8>, target: Vec<u8> },
-    /// `.wh.NAME`: delete `path` from lower layers.
-    Whiteout(Vec<u8>),
-    /// `.wh..wh..opq`: hide lower layers' children of `path`.
-    Opaque(Vec<u8>),
+/// Marks that the layers above the current one left at a path.
+mod mark {
+    /// `.wh.NAME`: the path and its subtree are gone.
+    pub const WHITEOUT: u8 = 1;
+    /// `.wh..wh..opq`: the lower children are gone.
+    pub const OPAQUE: u8 = 2;
+    /// A non-directory: the path and its subtree are taken.
+    pub const NONDIR: u8 = 4;
+    /// A directory entry: the path's own metadata is taken.
+    pub const DIR: u8 = 8;
+    /// A directory made by an entry below it: lower non-directories lose.
+    pub const IMPLICIT: u8 = 16;
 }
 
 /// Warnings with a cap on how many are stored.
@@ -146,440 +155,559 @@ fn is_supported(t: EntryType) -> bool {
     )
 }
 
-/// Pass 1 for one layer: the items in tar order, with their ordinals.
-fn scan_layer(layer: &Layer, warnings: &mut Warnings) -> Result<Vec<(u32, Item)>> {
-    let name = layer.name();
-    let mut archive = Archive::new(layer.open_tar()?);
-    let mut items = Vec::new();
-    let entries = archive
-        .entries()
-        .with_context(|| format!("cannot read layer {name} as a tar archive"))?;
-    for (ordinal, entry) in entries.enumerate() {
-        let entry = entry.with_context(|| {
-            format!("layer {name} is not a valid tar archive (entry {ordinal}); the blob may be corrupt")
-        })?;
-        let ordinal = u32::try_from(ordinal).context("layer has more than 2^32 entries")?;
+/// What the output holds at a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Out {
+    /// A directory with no entry of its own (written at the end).
+    Implicit,
+    /// A directory entry.
+    Dir,
+    /// A non-directory: the layer and tar ordinal of the entry written there.
+    NonDir { layer: u32, ordinal: u32 },
+}
+
+/// Where a hard link's content comes from.
+#[derive(Debug, Clone)]
+enum Source {
+    /// An entry of the link's own layer: its ordinal, its path, and whether
+    /// it is written at that path.
+    Here {
+        ordinal: u32,
+        path: Vec<u8>,
+        written: bool,
+    },
+    /// Whatever the lower layers hold at this path.
+    Lower(Vec<u8>),
+    /// Nothing usable: why.
+    Broken(String),
+}
+
+/// An entry of the layer being read, for hard links that name it.
+#[derive(Debug, Clone)]
+enum Local {
+    Dir,
+    Entry { ordinal: u32, written: bool },
+    Link(Source),
+}
+
+/// A written hard link whose target is in a lower layer.
+#[derive(Debug)]
+struct LowerLink {
+    layer: u32,
+    path: Vec<u8>,
+    target: Vec<u8>,
+    found: Option<Found>,
+}
+
+/// The entry a [`LowerLink`] names.
+#[derive(Debug, Clone)]
+enum Found {
+    Entry {
+        layer: u32,
+        ordinal: u32,
+        path: Vec<u8>,
+        written: bool,
+    },
+    Broken(String),
+}
+
+/// What [`write_flattened`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Flattened {
+    /// Tar entries written (extension headers not counted).
+    pub entries: u64,
+    /// File content bytes written.
+    pub bytes: u64,
+    /// Paths in the final tree (without the root).
+    pub paths: usize,
+    /// Layers read a second time for hard links to replaced files.
+    pub reread_layers: usize,
+    /// Entries skipped and why (unsafe paths, broken hard links, ...).
+    pub warnings: Vec<String>,
+}
+
+/// Tar counters shared by the writers below.
+#[derive(Debug, Default, Clone, Copy)]
+struct EmitStats {
+    entries: u64,
+    bytes: u64,
+}
+
+/// Writes the final file system of `layers` (lowest first) as one tar stream
+/// to `out`, reading each layer once from the top layer down (see the module
+/// doc). `on_layer` is called with a layer's index before it is read.
+pub fn write_flattened<W: Write>(
+    layers: &[Layer],
+    out: W,
+    mut on_layer: impl FnMut(usize),
+) -> Result<Flattened> {
+    let mut f = Flattener {
+        builder: Builder::new(out),
+        upper: HashMap::new(),
+        out: HashMap::new(),
+        copies: BTreeMap::new(),
+        lower_links: Vec::new(),
+        wanted: HashMap::new(),
+        stats: EmitStats::default(),
+        warnings: Warnings::default(),
+    };
+    for (index, layer) in layers.iter().enumerate().rev() {
+        on_layer(index);
+        f.layer(index as u32, layer)?;
+    }
+    f.resolve_lower_links()?;
+    let reread = f.write_copies(layers)?;
+    f.write_implicit_dirs()?;
+    f.builder.finish().context("cannot finish the tar stream")?;
+    Ok(Flattened {
+        entries: f.stats.entries,
+        bytes: f.stats.bytes,
+        paths: f.out.keys().filter(|p| !p.is_empty()).count(),
+        reread_layers: reread,
+        warnings: f.warnings.into_vec(),
+    })
+}
+
+/// What one entry is, for the merge.
+enum Kind {
+    Dir,
+    NonDir,
+    Link(Vec<u8>),
+}
+
+struct Flattener<W: Write> {
+    builder: Builder<W>,
+    /// Marks of the layers above the one being read.
+    upper: HashMap<Vec<u8>, u8>,
+    /// What the output holds (root included, as `b""`).
+    out: HashMap<Vec<u8>, Out>,
+    /// Deferred copies: (layer, ordinal) of a hidden entry -> link paths
+    /// that get its content (the first) or a hard link to the first.
+    copies: BTreeMap<(u32, u32), Vec<Vec<u8>>>,
+    lower_links: Vec<LowerLink>,
+    /// Target path -> indexes into `lower_links` still looking for it.
+    wanted: HashMap<Vec<u8>, Vec<usize>>,
+    stats: EmitStats,
+    warnings: Warnings,
+}
+
+/// How an entry's ancestors stand.
+enum Ancestors {
+    /// All present as directories (made implicit where needed).
+    Open,
+    /// An upper layer hides the entry through an ancestor.
+    Hidden,
+    /// The same layer has a non-directory at an ancestor: the entry is junk.
+    Conflict(Vec<u8>),
+}
+
+impl<W: Write> Flattener<W> {
+    fn layer(&mut self, index: u32, layer: &Layer) -> Result<()> {
+        let name = layer.name().to_string();
+        let mut archive = Archive::new(layer.open_tar_pipelined()?);
+        let mut pending: HashMap<Vec<u8>, u8> = HashMap::new();
+        let mut local: HashMap<Vec<u8>, Local> = HashMap::new();
+        let entries = archive
+            .entries()
+            .with_context(|| format!("cannot read layer {name} as a tar archive"))?;
+        for (ordinal, entry) in entries.enumerate() {
+            let mut entry = entry.with_context(|| {
+                format!(
+                    "layer {name} is not a valid tar archive (entry {ordinal}); the blob may be corrupt"
+                )
+            })?;
+            let ordinal = u32::try_from(ordinal).context("layer has more than 2^32 entries")?;
+            self.entry(index, &name, ordinal, &mut entry, &mut pending, &mut local)
+                .with_context(|| format!("cannot copy entry {ordinal} of layer {name}"))?;
+        }
+        for (path, marks) in pending {
+            *self.upper.entry(path).or_default() |= marks;
+        }
+        Ok(())
+    }
+
+    fn entry<R: Read>(
+        &mut self,
+        layer: u32,
+        name: &str,
+        ordinal: u32,
+        entry: &mut tar::Entry<R>,
+        pending: &mut HashMap<Vec<u8>, u8>,
+        local: &mut HashMap<Vec<u8>, Local>,
+    ) -> Result<()> {
         let etype = entry.header().entry_type();
         if etype == EntryType::XGlobalHeader {
-            continue;
+            return Ok(());
         }
-        let raw = entry.path_bytes();
+        let raw = entry.path_bytes().into_owned();
         if !is_supported(etype) {
-            warnings.push(format!(
-                "layer {name}: skipped {} (unsupported tar entry type {:?})",
+            self.warnings.push(format!(
+                "layer {name}: skipped {} (unsupported tar entry type {etype:?})",
                 String::from_utf8_lossy(&raw),
-                etype
             ));
-            continue;
+            return Ok(());
         }
         let path = match normalize(&raw) {
             Ok(p) => p,
             Err(why) => {
-                warnings.push(format!(
+                self.warnings.push(format!(
                     "layer {name}: skipped unsafe path {:?}: {why}",
                     String::from_utf8_lossy(&raw)
                 ));
-                continue;
+                return Ok(());
             }
         };
         let (parent, base) = split_parent(&path);
         if let Some(hidden) = base.strip_prefix(b".wh.") {
             if hidden == b".wh..opq" {
-                items.push((ordinal, Item::Opaque(parent.to_vec())));
+                *pending.entry(parent.to_vec()).or_default() |= mark::OPAQUE;
             } else if hidden.starts_with(b".wh.") || hidden.is_empty() {
                 // aufs bookkeeping (.wh..wh.plnk, ...) or a bare ".wh.": never shown.
             } else {
-                items.push((ordinal, Item::Whiteout(join(parent, hidden))));
+                let gone = join(parent, hidden);
+                *pending.entry(gone).or_default() |= mark::WHITEOUT;
             }
-            continue;
+            return Ok(());
         }
-        let item = match etype {
+        let kind = match etype {
             EntryType::Link => {
-                let raw_target = entry.link_name_bytes().unwrap_or_default();
+                let raw_target = entry.link_name_bytes().unwrap_or_default().into_owned();
                 match normalize(&raw_target) {
-                    Ok(target) if !target.is_empty() => Item::Hardlink { path, target },
+                    Ok(target) if !target.is_empty() => Kind::Link(target),
                     _ => {
-                        warnings.push(format!(
+                        self.warnings.push(format!(
                             "layer {name}: skipped hard link {} to unsafe target {:?}",
                             show(&path),
                             String::from_utf8_lossy(&raw_target)
                         ));
-                        continue;
+                        return Ok(());
                     }
                 }
             }
-            EntryType::Directory => Item::Entry { path, dir: true },
+            EntryType::Directory => Kind::Dir,
             _ if path.is_empty() => {
-                warnings.push(format!(
+                self.warnings.push(format!(
                     "layer {name}: skipped a non-directory entry for the root"
                 ));
-                continue;
+                return Ok(());
             }
-            _ => Item::Entry { path, dir: false },
+            _ => Kind::NonDir,
         };
-        items.push((ordinal, item));
-    }
-    Ok(items)
-}
-
-/// The winning entry at a path.
-#[derive(Debug, Clone, Copy)]
-struct Winner {
-    at: EntryRef,
-    dir: bool,
-}
-
-/// The merged tree. A node without a winner is a directory that exists only
-/// because something below it does.
-#[derive(Debug, Default)]
-struct Node {
-    children: BTreeMap<Box<[u8]>, Node>,
-    winner: Option<Winner>,
-}
-
-impl Node {
-    fn is_dir(&self) -> bool {
-        self.winner.is_none_or(|w| w.dir)
-    }
-
-    fn get(&self, path: &[u8]) -> Option<&Node> {
-        if path.is_empty() {
-            return Some(self);
+        let is_dir = matches!(kind, Kind::Dir);
+        let ancestors = self.open_ancestors(&path, pending);
+        if let Ancestors::Conflict(at) = &ancestors {
+            self.warnings.push(format!(
+                "layer {name}: skipped {}: the same layer has a non-directory at {}",
+                show(&path),
+                show(at)
+            ));
+            return Ok(());
         }
-        path.split(|b| *b == b'/')
-            .try_fold(self, |node, comp| node.children.get(comp))
-    }
-
-    fn get_mut(&mut self, path: &[u8]) -> Option<&mut Node> {
-        if path.is_empty() {
-            return Some(self);
-        }
-        path.split(|b| *b == b'/')
-            .try_fold(self, |node, comp| node.children.get_mut(comp))
-    }
-
-    fn remove(&mut self, path: &[u8]) {
-        let (parent, name) = split_parent(path);
-        if let Some(p) = self.get_mut(parent) {
-            p.children.remove(name);
-        }
-    }
-
-    /// The node at `path`, creating missing parents as implicit directories and
-    /// turning non-directory parents into implicit directories (as an overlay
-    /// upper directory hides a lower file).
-    fn make_path(&mut self, path: &[u8]) -> &mut Node {
-        if path.is_empty() {
-            return self;
-        }
-        let mut node = self;
-        for comp in path.split(|b| *b == b'/') {
-            if !node.is_dir() {
-                node.winner = None;
-                node.children.clear();
+        let own = self.upper.get(&path).copied().unwrap_or(0);
+        let visible = matches!(ancestors, Ancestors::Open)
+            && own & (mark::WHITEOUT | mark::NONDIR | mark::DIR) == 0
+            && (is_dir || own & mark::IMPLICIT == 0);
+        let seen = pending.entry(path.clone()).or_default();
+        if *seen & (mark::DIR | mark::NONDIR) != 0 {
+            if !(is_dir && *seen & mark::DIR != 0) {
+                self.warnings.push(format!(
+                    "layer {name}: skipped a second entry for {} (the first is kept)",
+                    show(&path)
+                ));
             }
-            node = node.children.entry(comp.into()).or_default();
+            return Ok(());
         }
-        node
-    }
+        *seen |= if is_dir { mark::DIR } else { mark::NONDIR };
 
-    /// Calls `f` on every node but the root, parents before children.
-    fn walk(&self, path: &mut Vec<u8>, f: &mut impl FnMut(&[u8], &Node)) {
-        for (name, child) in &self.children {
-            let len = path.len();
-            if !path.is_empty() {
-                path.push(b'/');
+        let this = match kind {
+            Kind::Dir => {
+                if visible {
+                    let at: &[u8] = if path.is_empty() { b"." } else { &path };
+                    let header = entry.header().clone();
+                    let pax = pax_records(entry)?;
+                    write_entry(&mut self.builder, header, &pax, at, entry, &mut self.stats)?;
+                    self.out.insert(path.clone(), Out::Dir);
+                }
+                Local::Dir
             }
-            path.extend_from_slice(name);
-            f(path, child);
-            child.walk(path, f);
-            path.truncate(len);
-        }
-    }
-}
-
-/// Where a hard link's content comes from.
-#[derive(Debug, Clone)]
-enum LinkSource {
-    /// The (non-link) entry it shares content with, and that entry's path.
-    Entry { at: EntryRef, path: Vec<u8> },
-    /// Nothing usable: why.
-    Broken(String),
-}
-
-/// What pass 2 does with one entry.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-struct Action {
-    emit: Emit,
-    /// Copies of this entry at other paths (hard links whose target lost):
-    /// the first holds the content, the others are hard links to the first.
-    copies: Vec<Vec<u8>>,
-}
-
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-enum Emit {
-    /// Not at its own path.
-    #[default]
-    No,
-    /// As it is.
-    AsIs,
-    /// As a hard link to this (normalised) path.
-    HardlinkTo(Vec<u8>),
-}
-
-/// The result of pass 1: what pass 2 writes.
-#[derive(Debug, Default)]
-pub struct Plan {
-    actions: Vec<BTreeMap<u32, Action>>,
-    implicit_dirs: Vec<Vec<u8>>,
-    root: Option<EntryRef>,
-    /// Entries skipped and why (unsafe paths, broken hard links, ...).
-    pub warnings: Vec<String>,
-    /// How many paths the final tree has (without the root).
-    pub paths: usize,
-}
-
-impl Plan {
-    /// Whether pass 2 needs to read layer `layer` at all.
-    pub fn reads_layer(&self, layer: usize) -> bool {
-        self.actions.get(layer).is_some_and(|a| !a.is_empty())
-    }
-}
-
-/// Pass 1: reads every layer's headers (layers in parallel, up to `jobs` at a
-/// time) and computes the final tree.
-pub fn plan(layers: &[Layer], jobs: usize) -> Result<Plan> {
-    let jobs = jobs.max(1);
-    type Scanned = Result<(Vec<(u32, Item)>, Warnings)>;
-    let mut scanned: Vec<Option<Scanned>> = (0..layers.len()).map(|_| None).collect();
-    for (chunk_index, chunk) in layers.chunks(jobs).enumerate() {
-        let results: Vec<_> = std::thread::scope(|s| {
-            let handles: Vec<_> = chunk
-                .iter()
-                .map(|layer| {
-                    s.spawn(move || {
-                        let mut w = Warnings::default();
-                        scan_layer(layer, &mut w).map(|items| (items, w))
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(anyhow::anyhow!("layer scan panicked")))
-                })
-                .collect()
-        });
-        for (i, r) in results.into_iter().enumerate() {
-            scanned[chunk_index * jobs + i] = Some(r);
-        }
-    }
-    let mut merger = Merger::default();
-    for (index, result) in scanned.into_iter().enumerate() {
-        let (items, warnings) = result.unwrap_or_else(|| Ok(Default::default()))?;
-        merger.warnings.kept.extend(warnings.kept);
-        merger.warnings.dropped += warnings.dropped;
-        merger.apply(index as u32, items);
-    }
-    Ok(merger.finish(layers.len()))
-}
-
-#[derive(Default)]
-struct Merger {
-    root: Node,
-    links: HashMap<EntryRef, LinkSource>,
-    warnings: Warnings,
-}
-
-impl Merger {
-    fn apply(&mut self, layer: u32, items: Vec<(u32, Item)>) {
-        // Whiteouts and opaque markers apply to lower layers only, wherever
-        // they sit in this layer's tar: apply them first.
-        for (_, item) in &items {
-            match item {
-                Item::Whiteout(path) => self.root.remove(path),
-                Item::Opaque(path) => {
-                    if let Some(node) = self.root.get_mut(path) {
-                        node.children.clear();
+            Kind::NonDir => {
+                if visible {
+                    let header = entry.header().clone();
+                    let pax = pax_records(entry)?;
+                    write_entry(
+                        &mut self.builder,
+                        header,
+                        &pax,
+                        &path,
+                        entry,
+                        &mut self.stats,
+                    )?;
+                    self.out
+                        .insert(path.clone(), Out::NonDir { layer, ordinal });
+                }
+                Local::Entry {
+                    ordinal,
+                    written: visible,
+                }
+            }
+            Kind::Link(target) => {
+                let source = match local.get(&target) {
+                    Some(Local::Dir) => {
+                        Source::Broken(format!("its target {} is a directory", show(&target)))
                     }
+                    Some(Local::Entry { ordinal, written }) => Source::Here {
+                        ordinal: *ordinal,
+                        path: target.clone(),
+                        written: *written,
+                    },
+                    Some(Local::Link(source)) => source.clone(),
+                    None => Source::Lower(target.clone()),
+                };
+                if visible {
+                    self.link(layer, ordinal, &path, &source, entry)?;
                 }
-                _ => {}
+                Local::Link(source)
             }
-        }
-        // This layer's entries so far, for hard links (a tar link names an
-        // earlier entry of the same archive).
-        let mut local: HashMap<Vec<u8>, Winner> = HashMap::new();
-        for (ordinal, item) in items {
-            let at = EntryRef { layer, ordinal };
-            let (path, dir) = match item {
-                Item::Entry { path, dir } => (path, dir),
-                Item::Hardlink { path, target } => {
-                    let source = self.link_source(&local, &target);
-                    self.links.insert(at, source);
-                    (path, false)
-                }
-                Item::Whiteout(_) | Item::Opaque(_) => continue,
-            };
-            let winner = Winner { at, dir };
-            let node = self.root.make_path(&path);
-            if !(dir && node.is_dir()) {
-                // A non-directory replaces a subtree; a directory replacing a
-                // non-directory starts empty.
-                node.children.clear();
-            }
-            node.winner = Some(winner);
-            local.insert(path, winner);
-        }
+        };
+        self.found_wanted(layer, &path, &this);
+        local.insert(path, this);
+        Ok(())
     }
 
-    fn link_source(&self, local: &HashMap<Vec<u8>, Winner>, target: &[u8]) -> LinkSource {
-        let found = local
-            .get(target)
-            .copied()
-            .or_else(|| self.root.get(target).and_then(|n| n.winner));
-        match found {
-            None => LinkSource::Broken(format!("its target {} does not exist", show(target))),
-            Some(w) if w.dir => {
-                LinkSource::Broken(format!("its target {} is a directory", show(target)))
-            }
-            Some(w) => match self.links.get(&w.at) {
-                Some(chained) => chained.clone(),
-                None => LinkSource::Entry {
-                    at: w.at,
-                    path: target.to_vec(),
-                },
-            },
+    /// Checks the ancestors of `path` (root first) against the upper layers'
+    /// marks; marks those still open as directories of the output.
+    fn open_ancestors(&mut self, path: &[u8], pending: &mut HashMap<Vec<u8>, u8>) -> Ancestors {
+        if path.is_empty() {
+            return Ancestors::Open;
         }
-    }
-
-    fn finish(mut self, layers: usize) -> Plan {
-        let mut actions: Vec<BTreeMap<u32, Action>> = vec![BTreeMap::new(); layers];
-        let mut winners = HashSet::new();
-        let mut link_winners = Vec::new();
-        let mut implicit_dirs = Vec::new();
-        let mut paths = 0;
-        self.root.walk(&mut Vec::new(), &mut |path, node| {
-            paths += 1;
-            match node.winner {
-                None => implicit_dirs.push(path.to_vec()),
-                Some(w) => {
-                    winners.insert(w.at);
-                    if self.links.contains_key(&w.at) {
-                        link_winners.push((w.at, path.to_vec()));
-                    } else {
-                        actions[w.at.layer as usize]
-                            .entry(w.at.ordinal)
-                            .or_default()
-                            .emit = Emit::AsIs;
-                    }
-                }
-            }
-        });
-        let root = self.root.winner.map(|w| w.at);
-        if let Some(at) = root {
-            actions[at.layer as usize]
-                .entry(at.ordinal)
-                .or_default()
-                .emit = Emit::AsIs;
-        }
-        link_winners.sort();
-        for (at, path) in link_winners {
-            match &self.links[&at] {
-                LinkSource::Broken(why) => self
-                    .warnings
-                    .push(format!("skipped hard link {}: {why}", show(&path))),
-                LinkSource::Entry {
-                    at: source,
-                    path: target,
-                } => {
-                    if winners.contains(source) {
-                        actions[at.layer as usize]
-                            .entry(at.ordinal)
-                            .or_default()
-                            .emit = Emit::HardlinkTo(target.clone());
-                    } else {
-                        actions[source.layer as usize]
-                            .entry(source.ordinal)
-                            .or_default()
-                            .copies
-                            .push(path);
-                    }
-                }
-            }
-        }
-        Plan {
-            actions,
-            implicit_dirs,
-            root,
-            warnings: self.warnings.into_vec(),
-            paths,
-        }
-    }
-}
-
-/// What pass 2 wrote.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct EmitStats {
-    /// Tar entries written (extension headers not counted).
-    pub entries: u64,
-    /// File content bytes written.
-    pub bytes: u64,
-}
-
-/// Pass 2: writes the winning entries of `layers` as one tar stream to `out`.
-/// `layers` must be the same, in the same order, as given to [`plan`].
-pub fn write_tar<W: Write>(plan: &Plan, layers: &[Layer], out: W) -> Result<EmitStats> {
-    let mut builder = Builder::new(out);
-    let mut stats = EmitStats::default();
-    for (index, layer) in layers.iter().enumerate() {
-        let actions = &plan.actions[index];
-        if actions.is_empty() {
-            continue;
-        }
-        let name = layer.name();
-        let mut archive = Archive::new(layer.open_tar()?);
-        let mut remaining = actions.len();
-        for (ordinal, entry) in archive
-            .entries()
-            .with_context(|| format!("cannot read layer {name} as a tar archive"))?
+        let slashes = path
+            .iter()
             .enumerate()
-        {
-            let mut entry = entry.with_context(|| {
-                format!("layer {name} is not a valid tar archive (entry {ordinal})")
-            })?;
-            let Some(action) = actions.get(&(ordinal as u32)) else {
+            .filter(|(_, b)| **b == b'/')
+            .map(|(i, _)| i);
+        for end in std::iter::once(0).chain(slashes) {
+            let ancestor = &path[..end];
+            let marks = self.upper.get(ancestor).copied().unwrap_or(0);
+            if marks & (mark::WHITEOUT | mark::OPAQUE | mark::NONDIR) != 0 {
+                return Ancestors::Hidden;
+            }
+            if ancestor.is_empty() {
                 continue;
-            };
-            let is_root = plan.root
-                == Some(EntryRef {
-                    layer: index as u32,
-                    ordinal: ordinal as u32,
+            }
+            let here = pending.entry(ancestor.to_vec()).or_default();
+            if *here & mark::NONDIR != 0 {
+                return Ancestors::Conflict(ancestor.to_vec());
+            }
+            *here |= mark::IMPLICIT;
+            self.out.entry(ancestor.to_vec()).or_insert(Out::Implicit);
+        }
+        Ancestors::Open
+    }
+
+    /// Writes (or defers) a visible hard link at `path`.
+    fn link<R: Read>(
+        &mut self,
+        layer: u32,
+        ordinal: u32,
+        path: &[u8],
+        source: &Source,
+        entry: &mut tar::Entry<R>,
+    ) -> Result<()> {
+        match source {
+            Source::Broken(why) => {
+                self.warnings
+                    .push(format!("skipped hard link {}: {why}", show(path)));
+                return Ok(());
+            }
+            Source::Here {
+                path: target,
+                written: true,
+                ..
+            } => {
+                let header = entry.header().clone();
+                let pax = pax_records(entry)?;
+                write_hardlink(&mut self.builder, header, &pax, path, target)?;
+                self.stats.entries += 1;
+            }
+            Source::Here {
+                ordinal: source, ..
+            } => self
+                .copies
+                .entry((layer, *source))
+                .or_default()
+                .push(path.to_vec()),
+            Source::Lower(target) => {
+                self.wanted
+                    .entry(target.clone())
+                    .or_default()
+                    .push(self.lower_links.len());
+                self.lower_links.push(LowerLink {
+                    layer,
+                    path: path.to_vec(),
+                    target: target.clone(),
+                    found: None,
                 });
-            emit_entry(&mut builder, &mut entry, action, is_root, &mut stats)
-                .with_context(|| format!("cannot copy entry {ordinal} of layer {name}"))?;
-            remaining -= 1;
-            if remaining == 0 {
-                break;
             }
         }
-        if remaining > 0 {
-            bail!("layer {name} changed between the two conversion passes ({remaining} entries missing)");
+        self.out
+            .insert(path.to_vec(), Out::NonDir { layer, ordinal });
+        Ok(())
+    }
+
+    /// Hands this layer's entry at `path` to links of upper layers naming it.
+    fn found_wanted(&mut self, layer: u32, path: &[u8], this: &Local) {
+        let Some(waiting) = self.wanted.get_mut(path) else {
+            return;
+        };
+        let links = &mut self.lower_links;
+        let (now, later): (Vec<usize>, Vec<usize>) =
+            waiting.iter().partition(|i| links[**i].layer > layer);
+        if now.is_empty() {
+            return;
+        }
+        *waiting = later;
+        let found = match this {
+            Local::Dir => Found::Broken(format!("its target {} is a directory", show(path))),
+            Local::Entry { ordinal, written } => Found::Entry {
+                layer,
+                ordinal: *ordinal,
+                path: path.to_vec(),
+                written: *written,
+            },
+            Local::Link(Source::Here {
+                ordinal,
+                path,
+                written,
+            }) => Found::Entry {
+                layer,
+                ordinal: *ordinal,
+                path: path.clone(),
+                written: *written,
+            },
+            Local::Link(Source::Lower(_)) => Found::Broken(format!(
+                "its target {} is a hard link to a lower layer again",
+                show(path)
+            )),
+            Local::Link(Source::Broken(why)) => Found::Broken(why.clone()),
+        };
+        for i in now {
+            links[i].found = Some(found.clone());
         }
     }
-    for dir in &plan.implicit_dirs {
-        let mut header = Header::new_gnu();
-        header.set_entry_type(EntryType::Directory);
-        header.set_mode(0o755);
-        header.set_uid(0);
-        header.set_gid(0);
-        header.set_mtime(0);
-        header.set_size(0);
-        builder.append_data(&mut header, OsStr::from_bytes(dir), io::empty())?;
-        stats.entries += 1;
+
+    /// After the last layer: links to lower layers become links or copies.
+    fn resolve_lower_links(&mut self) -> Result<()> {
+        for link in std::mem::take(&mut self.lower_links) {
+            match link.found {
+                Some(Found::Entry {
+                    written: true,
+                    path,
+                    ..
+                }) => {
+                    // The inode's metadata is the target's: the header is a stub.
+                    let mut header = Header::new_gnu();
+                    header.set_mode(0o644);
+                    write_hardlink(&mut self.builder, header, &[], &link.path, &path)?;
+                    self.stats.entries += 1;
+                }
+                Some(Found::Entry { layer, ordinal, .. }) => self
+                    .copies
+                    .entry((layer, ordinal))
+                    .or_default()
+                    .push(link.path),
+                Some(Found::Broken(why)) => {
+                    self.out.remove(&link.path);
+                    self.warnings
+                        .push(format!("skipped hard link {}: {why}", show(&link.path)));
+                }
+                None => {
+                    self.out.remove(&link.path);
+                    self.warnings.push(format!(
+                        "skipped hard link {}: its target {} does not exist",
+                        show(&link.path),
+                        show(&link.target)
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
-    builder.finish()?;
-    Ok(stats)
+
+    /// Writes the deferred copies: reads each layer that holds one again, up
+    /// to its last needed entry. Returns how many layers were read again.
+    fn write_copies(&mut self, layers: &[Layer]) -> Result<usize> {
+        let copies = std::mem::take(&mut self.copies);
+        let mut by_layer: BTreeMap<u32, BTreeMap<u32, Vec<Vec<u8>>>> = BTreeMap::new();
+        for ((layer, ordinal), paths) in copies {
+            by_layer.entry(layer).or_default().insert(ordinal, paths);
+        }
+        for (&index, wanted) in &by_layer {
+            let layer = &layers[index as usize];
+            let name = layer.name();
+            let mut archive = Archive::new(layer.open_tar()?);
+            let mut remaining = wanted.len();
+            for (ordinal, entry) in archive
+                .entries()
+                .with_context(|| format!("cannot read layer {name} as a tar archive"))?
+                .enumerate()
+            {
+                let mut entry = entry.with_context(|| {
+                    format!("layer {name} is not a valid tar archive (entry {ordinal})")
+                })?;
+                let Some(paths) = wanted.get(&(ordinal as u32)) else {
+                    continue;
+                };
+                let header = entry.header().clone();
+                let pax = pax_records(&mut entry)?;
+                let (first, rest) = paths.split_first().expect("a copy has a path");
+                write_entry(
+                    &mut self.builder,
+                    header.clone(),
+                    &pax,
+                    first,
+                    &mut entry,
+                    &mut self.stats,
+                )
+                .with_context(|| format!("cannot copy entry {ordinal} of layer {name}"))?;
+                for other in rest {
+                    write_hardlink(&mut self.builder, header.clone(), &pax, other, first)?;
+                    self.stats.entries += 1;
+                }
+                remaining -= 1;
+                if remaining == 0 {
+                    break;
+                }
+            }
+            if remaining > 0 {
+                bail!("layer {name} changed while it was converted ({remaining} entries missing)");
+            }
+        }
+        Ok(by_layer.len())
+    }
+
+    /// Writes the directories that have no entry of their own.
+    fn write_implicit_dirs(&mut self) -> Result<()> {
+        let mut dirs: Vec<&Vec<u8>> = self
+            .out
+            .iter()
+            .filter(|(_, o)| **o == Out::Implicit)
+            .map(|(p, _)| p)
+            .collect();
+        dirs.sort();
+        for dir in dirs {
+            let mut header = Header::new_gnu();
+            header.set_entry_type(EntryType::Directory);
+            header.set_mode(0o755);
+            header.set_uid(0);
+            header.set_gid(0);
+            header.set_mtime(0);
+            header.set_size(0);
+            self.builder
+                .append_data(&mut header, OsStr::from_bytes(dir), io::empty())?;
+            self.stats.entries += 1;
+        }
+        Ok(())
+    }
 }
 
 /// PAX records to carry over: all but those the builder writes itself.
@@ -596,40 +724,6 @@ fn pax_records<R: Read>(entry: &mut tar::Entry<R>) -> Result<Vec<(String, Vec<u8
         }
     }
     Ok(out)
-}
-
-fn emit_entry<W: Write, R: Read>(
-    builder: &mut Builder<W>,
-    entry: &mut tar::Entry<R>,
-    action: &Action,
-    is_root: bool,
-    stats: &mut EmitStats,
-) -> Result<()> {
-    let path = normalize(&entry.path_bytes()).map_err(|e| anyhow::anyhow!("path changed: {e}"))?;
-    let path: &[u8] = if is_root { b"." } else { &path };
-    let pax = pax_records(entry)?;
-    let header = entry.header().clone();
-    match &action.emit {
-        Emit::No => {}
-        Emit::AsIs => {
-            write_entry(builder, header.clone(), &pax, path, entry, stats)?;
-        }
-        Emit::HardlinkTo(target) => {
-            write_hardlink(builder, header.clone(), &pax, path, target)?;
-            stats.entries += 1;
-        }
-    }
-    if let Some((first, rest)) = action.copies.split_first() {
-        if action.emit == Emit::AsIs {
-            bail!("internal error: an entry is both kept and copied");
-        }
-        write_entry(builder, header.clone(), &pax, first, entry, stats)?;
-        for other in rest {
-            write_hardlink(builder, header.clone(), &pax, other, first)?;
-            stats.entries += 1;
-        }
-    }
-    Ok(())
 }
 
 fn append_pax<W: Write>(builder: &mut Builder<W>, pax: &[(String, Vec<u8>)]) -> io::Result<()> {

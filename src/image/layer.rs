@@ -6,7 +6,7 @@
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 
 use anyhow::{Context, Result};
 use flate2::read::MultiGzDecoder;
@@ -56,7 +56,8 @@ pub fn decompress<'a>(
 type Opener = dyn Fn() -> io::Result<Box<dyn Read + Send>> + Send + Sync;
 
 /// One layer of an image: a name for messages (its digest) and a way to read
-/// its blob from the start, as often as needed (the conversion reads it twice).
+/// its blob from the start (the conversion reads it once, and again only for
+/// hard links to files a later layer replaced).
 #[derive(Clone)]
 pub struct Layer {
     name: String,
@@ -82,6 +83,18 @@ impl Layer {
         }
     }
 
+    /// A layer read through `open`, called each time the layer is read (it
+    /// may wait, e.g. for the layer's download to finish).
+    pub fn from_opener(
+        name: impl Into<String>,
+        open: impl Fn() -> io::Result<Box<dyn Read + Send>> + Send + Sync + 'static,
+    ) -> Layer {
+        Layer {
+            name: name.into(),
+            open: Arc::new(open),
+        }
+    }
+
     /// A layer held in memory (compressed or not); handy for tests.
     pub fn from_bytes(bytes: impl Into<Arc<[u8]>>, name: impl Into<String>) -> Layer {
         let bytes: Arc<[u8]> = bytes.into();
@@ -102,6 +115,101 @@ impl Layer {
     pub fn open_tar(&self) -> Result<Box<dyn Read + Send>> {
         let raw = (self.open)().with_context(|| format!("cannot open layer {}", self.name))?;
         decompress(raw, &self.name)
+    }
+
+    /// Like [`Layer::open_tar`], but reading and decompressing run on a
+    /// thread of their own, [`PIPE_CHUNKS`] chunks of [`PIPE_CHUNK`] bytes
+    /// ahead of the reader: decompression and what the reader does with the
+    /// tar (parse, copy into tar2sqfs) use two cores.
+    pub fn open_tar_pipelined(&self) -> Result<Box<dyn Read + Send>> {
+        let mut tar = self.open_tar()?;
+        let (tx, rx) = mpsc::sync_channel::<io::Result<Vec<u8>>>(PIPE_CHUNKS);
+        let name = self.name.clone();
+        std::thread::Builder::new()
+            .name("berth-unpack".to_string())
+            .spawn(move || loop {
+                let mut chunk = vec![0u8; PIPE_CHUNK];
+                let mut filled = 0;
+                let result = loop {
+                    match tar.read(&mut chunk[filled..]) {
+                        Ok(0) => break Ok(()),
+                        Ok(n) => {
+                            filled += n;
+                            if filled == chunk.len() {
+                                break Ok(());
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => break Err(e),
+                    }
+                };
+                chunk.truncate(filled);
+                let at_end = filled < PIPE_CHUNK;
+                // A send fails when the reader went away (it failed or stopped early): stop too.
+                if filled > 0 && tx.send(Ok(chunk)).is_err() {
+                    return;
+                }
+                if let Err(e) = result {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+                if at_end {
+                    // An empty chunk marks the end of the stream.
+                    let _ = tx.send(Ok(Vec::new()));
+                    return;
+                }
+            })
+            .with_context(|| format!("cannot start a thread to decompress layer {name}"))?;
+        Ok(Box::new(ChunkReader {
+            rx,
+            chunk: Vec::new(),
+            pos: 0,
+            done: false,
+        }))
+    }
+}
+
+/// Bytes per chunk handed from the decompressing thread to the reader.
+pub const PIPE_CHUNK: usize = 1 << 20;
+/// Chunks in flight between the decompressing thread and the reader.
+pub const PIPE_CHUNKS: usize = 4;
+
+/// The reading end of [`Layer::open_tar_pipelined`].
+struct ChunkReader {
+    rx: mpsc::Receiver<io::Result<Vec<u8>>>,
+    chunk: Vec<u8>,
+    pos: usize,
+    done: bool,
+}
+
+impl Read for ChunkReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.pos == self.chunk.len() {
+            if self.done {
+                return Ok(0);
+            }
+            match self.rx.recv() {
+                Ok(Ok(chunk)) if chunk.is_empty() => self.done = true,
+                Ok(Ok(chunk)) => {
+                    self.chunk = chunk;
+                    self.pos = 0;
+                }
+                Ok(Err(e)) => {
+                    self.done = true;
+                    return Err(e);
+                }
+                Err(_) => {
+                    self.done = true;
+                    return Err(io::Error::other(
+                        "the thread decompressing the layer stopped unexpectedly",
+                    ));
+                }
+            }
+        }
+        let n = buf.len().min(self.chunk.len() - self.pos);
+        buf[..n].copy_from_slice(&self.chunk[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
     }
 }
 

@@ -12,8 +12,8 @@ pub mod squashfs;
 
 pub use config::ImageConfig;
 pub use layer::Layer;
-pub use squashfs::{convert, ConvertStats, SquashfsOptions};
+pub use squashfs::{convert, convert_with, ConvertStats, SquashfsOptions};
 
 /// Version of the layers-to-squashfs conversion. Stored images made by another
 /// version are converted again: bump it whenever the output changes.
-pub const CONVERTER_VERSION: u32 = 1;
+pub const CONVERTER_VERSION: u32 = 2;

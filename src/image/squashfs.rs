@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use super::flatten::{plan, write_tar};
+use super::flatten::write_flattened;
 use super::layer::Layer;
 
 /// The program that builds squashfs images.
@@ -28,7 +28,7 @@ pub struct SquashfsOptions {
     pub compressor: String,
     /// tar2sqfs `-X` options, e.g. `level=3`.
     pub compressor_options: Option<String>,
-    /// Compression threads (and layers scanned at once in pass 1).
+    /// Compression threads of tar2sqfs.
     pub jobs: usize,
 }
 
@@ -55,8 +55,8 @@ pub struct ConvertStats {
     pub image_size: u64,
     /// Entries skipped and why.
     pub warnings: Vec<String>,
-    /// Time spent in pass 1 (reading headers).
-    pub plan_time: Duration,
+    /// Layers read a second time (for hard links to replaced files).
+    pub reread_layers: usize,
     /// Total time.
     pub total_time: Duration,
 }
@@ -73,12 +73,25 @@ pub fn tar2sqfs_available() -> bool {
 
 /// Converts `layers` (lowest first) into the squashfs file `dest`: written to a
 /// temporary file beside it, synced, and renamed into place only on success.
+/// Each layer is read once, top layer first (see [`super::flatten`]), and
+/// streams straight into tar2sqfs.
 pub fn convert(layers: &[Layer], dest: &Path, options: &SquashfsOptions) -> Result<ConvertStats> {
+    convert_with(layers, dest, options, |_| {})
+}
+
+/// [`convert`], calling `on_layer` with a layer's index before it is read
+/// (for progress messages; the layer's opener may also wait for its download).
+pub fn convert_with(
+    layers: &[Layer],
+    dest: &Path,
+    options: &SquashfsOptions,
+    on_layer: impl FnMut(usize),
+) -> Result<ConvertStats> {
     let start = Instant::now();
-    let plan = plan(layers, options.jobs)?;
-    let plan_time = start.elapsed();
     let tmp = temp_path(dest);
-    let result = run_tar2sqfs(&tmp, options, |stdin| write_tar(&plan, layers, stdin));
+    let result = run_tar2sqfs(&tmp, options, |stdin| {
+        write_flattened(layers, stdin, on_layer)
+    });
     let stats = match result {
         Ok(stats) => stats,
         Err(e) => {
@@ -99,12 +112,12 @@ pub fn convert(layers: &[Layer], dest: &Path, options: &SquashfsOptions) -> Resu
         let _ = fs::remove_file(&tmp);
     })?;
     Ok(ConvertStats {
-        paths: plan.paths,
+        paths: stats.paths,
         entries: stats.entries,
         bytes: stats.bytes,
         image_size,
-        warnings: plan.warnings,
-        plan_time,
+        reread_layers: stats.reread_layers,
+        warnings: stats.warnings,
         total_time: start.elapsed(),
     })
 }
@@ -217,11 +230,11 @@ mod tests {
         let stats = convert(&layers, &dest, &SquashfsOptions::default()).unwrap();
         let mb = stats.bytes as f64 / 1e6;
         eprintln!(
-            "{} paths, {:.1} MB of file data -> {:.1} MB squashfs; pass 1 {:.2?}, total {:.2?} ({:.0} MB/s)",
+            "{} paths, {:.1} MB of file data -> {:.1} MB squashfs; {} layers read twice, total {:.2?} ({:.0} MB/s)",
             stats.paths,
             mb,
             stats.image_size as f64 / 1e6,
-            stats.plan_time,
+            stats.reread_layers,
             stats.total_time,
             mb / stats.total_time.as_secs_f64()
         );

@@ -132,6 +132,8 @@ pub struct RegistryClient {
     auth: AuthCache,
     retry: RetryPolicy,
     mirrors: Vec<(String, String)>,
+    /// Set once a credential was sent (to a registry or its token service).
+    used_credentials: std::sync::atomic::AtomicBool,
 }
 
 impl RegistryClient {
@@ -163,7 +165,34 @@ impl RegistryClient {
             auth: AuthCache::default(),
             retry: options.retry,
             mirrors: options.mirrors.clone(),
+            used_credentials: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether this client has sent a credential so far: when it has not,
+    /// what it fetched is readable anonymously.
+    pub fn used_credentials(&self) -> bool {
+        self.used_credentials
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Checks with a `HEAD` request that the manifest `digest` of `image` is
+    /// readable with this client's credentials (nothing is downloaded).
+    pub fn check_manifest(&self, image: &ImageRef, digest: &Digest) -> Result<()> {
+        let url = format!(
+            "{}/v2/{}/manifests/{digest}",
+            self.base_url(image),
+            image.repository
+        );
+        self.request("HEAD", image, &url, Some(MANIFEST_ACCEPT))
+            .map_err(|e| match e {
+                RegistryError::Http { status: 404, .. } => RegistryError::ManifestUnknown {
+                    image: image.to_string(),
+                    registry: image.registry.clone(),
+                },
+                e => e,
+            })?;
+        Ok(())
     }
 
     /// `http://HOST` for insecure registries, else `https://HOST`.
@@ -446,6 +475,17 @@ impl RegistryClient {
         url: &str,
         accept: Option<&str>,
     ) -> Result<ureq::Response, RegistryError> {
+        self.request("GET", image, url, accept)
+    }
+
+    /// [`RegistryClient::get`] with another method (`HEAD`).
+    fn request(
+        &self,
+        method: &str,
+        image: &ImageRef,
+        url: &str,
+        accept: Option<&str>,
+    ) -> Result<ureq::Response, RegistryError> {
         let registry_origin = origin(url);
         let cache_key = format!("{}/{}", image.api_host(), image.repository);
         let mut auth = self.auth.get(&cache_key);
@@ -455,7 +495,7 @@ impl RegistryClient {
         loop {
             let same_origin = origin(&url) == registry_origin;
             let request = || {
-                let mut req = self.agent_for(&url).get(&url);
+                let mut req = self.agent_for(&url).request(method, &url);
                 if let Some(accept) = accept {
                     req = req.set("Accept", accept);
                 }
@@ -546,6 +586,7 @@ impl RegistryClient {
                     .lookup_credential(&[image.api_host(), &image.registry], user)
                     .ok_or_else(|| denied(401))?;
                 let value = basic_header(&cred.login, &cred.password);
+                self.note_credentials();
                 self.auth.put(&cache_key, value.clone(), None);
                 Ok(value)
             }
@@ -570,6 +611,9 @@ impl RegistryClient {
                 let realm_host = host_port(&token_url);
                 let cred =
                     self.lookup_credential(&[&realm_host, image.api_host(), &image.registry], user);
+                if cred.is_some() {
+                    self.note_credentials();
+                }
                 let request = || {
                     let req = self.agent_for(token_url.as_str()).get(token_url.as_str());
                     match &cred {
@@ -665,6 +709,11 @@ impl RegistryClient {
             std::thread::sleep(wait);
             attempt += 1;
         }
+    }
+
+    fn note_credentials(&self) {
+        self.used_credentials
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn lookup_credential(

@@ -40,6 +40,9 @@ pub struct Descriptor {
     /// Platform, for entries of an index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub platform: Option<Platform>,
+    /// Where else the blob may be fetched from (non-distributable layers).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub urls: Vec<String>,
 }
 
 /// An image manifest (Docker schema2 or OCI): one config and ordered layers.

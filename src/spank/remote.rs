@@ -548,6 +548,13 @@ fn pull(config: &Config, store: &Path, image: &str) -> Result<StoredImage, Strin
     for registry in &config.insecure_registries {
         command.arg("--insecure-registry").arg(registry);
     }
+    for (registry, mirror) in &config.mirrors {
+        command.arg("--mirror").arg(format!("{registry}={mirror}"));
+    }
+    if let Some(n) = config.registry_retries {
+        command.arg("--registry-retries").arg(n.to_string());
+    }
+    command.arg("--progress").arg("lines");
     command.arg("--").arg(image);
     command
         .stdin(Stdio::null())
@@ -565,6 +572,21 @@ fn pull(config: &Config, store: &Path, image: &str) -> Result<StoredImage, Strin
         // The helper's message already names the image and what to do.
         let message = stderr.trim().trim_start_matches("error: ");
         return Err(message.to_string());
+    }
+    // One short line for the user when the image was fetched (not when cached).
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if let Some(done) = stderr
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("berth: pulled "))
+    {
+        let node = nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        handle::log_user(&format!(
+            "{node}: {image}: {}",
+            done.trim_start_matches("berth: ")
+        ));
     }
     serde_json::from_slice(&output.stdout)
         .map_err(|e| format!("the berth helper gave an unreadable answer for '{image}': {e}"))

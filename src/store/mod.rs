@@ -23,15 +23,19 @@
 //! ([`Store::hold`]); `rmi` and `gc` never remove an image someone holds.
 //!
 //! An image made by another [`crate::image::CONVERTER_VERSION`] counts as
-//! missing and is converted again. A pull always asks the registry for the
+//! missing and is converted again. A pull by tag asks the registry for the
 //! manifest first (cheap), so a user who cannot read an image in the registry
-//! cannot start it from the store either.
+//! cannot start it from the store either. A pull pinned by digest of a stored
+//! image fetched anonymously from the same repository needs no network; any
+//! other stored image is handed out only after a `HEAD` of its manifest with
+//! the caller's credentials succeeds.
 
 mod catalog;
 pub(crate) mod fsutil;
 mod gc;
 mod hold;
 mod inspect;
+pub mod progress;
 mod pull;
 mod remove;
 pub mod units;
@@ -53,6 +57,7 @@ pub use fsutil::FileLock;
 pub use gc::{GcOptions, GcReport, Removed};
 pub use hold::ImageHold;
 pub use inspect::{ConfigDetails, ImageDetails, LayerDetails};
+pub use progress::ProgressMode;
 pub use remove::{BlobSweep, RemoveOutcome};
 
 /// The first bytes of every squashfs file.
@@ -84,8 +89,8 @@ pub struct StoredImage {
 pub struct PullOptions {
     /// Registry access (insecure registries, timeouts, credentials).
     pub registry: RegistryOptions,
-    /// Print progress to stderr.
-    pub progress: bool,
+    /// How to show progress on stderr.
+    pub progress: ProgressMode,
 }
 
 /// `meta.json` of a stored image.
@@ -120,6 +125,10 @@ pub struct ImageMeta {
     /// When it was converted (seconds since the epoch).
     #[serde(default)]
     pub created: u64,
+    /// Whether it was fetched with no credential sent (readable by anyone):
+    /// a repeat pull by digest then needs no network at all.
+    #[serde(default)]
+    pub anonymous: bool,
 }
 
 impl ImageMeta {
@@ -255,6 +264,47 @@ impl Store {
     pub fn lookup_digest(&self, digest: &str) -> Result<Option<StoredImage>> {
         let digest = Digest::parse(digest).map_err(anyhow::Error::msg)?;
         self.load(&digest)
+    }
+
+    /// The stored image whose manifest digest, or index digest for this
+    /// machine's platform, is `pinned`: its manifest digest and metadata.
+    fn find_pinned(&self, pinned: &Digest) -> Result<Option<(Digest, ImageMeta)>> {
+        if let Some(meta) = self.read_meta(pinned) {
+            return Ok(Some((pinned.clone(), meta)));
+        }
+        let here = Platform::current();
+        let entries = match fs::read_dir(self.images_dir()) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("cannot list {}", self.images_dir().display()))
+            }
+        };
+        for entry in entries.flatten() {
+            let Ok(digest) =
+                Digest::parse(&format!("sha256:{}", entry.file_name().to_string_lossy()))
+            else {
+                continue;
+            };
+            let Some(meta) = self.read_meta(&digest) else {
+                continue;
+            };
+            let platform_ok = meta
+                .platform
+                .as_ref()
+                .is_none_or(|p| p.os == here.os && p.architecture == here.architecture);
+            if meta.index_digest.as_deref() == Some(pinned.as_str()) && platform_ok {
+                return Ok(Some((digest, meta)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// `meta.json` of the image `digest`, when present and readable.
+    fn read_meta(&self, digest: &Digest) -> Option<ImageMeta> {
+        let bytes = fs::read(self.image_dir(digest).join("meta.json")).ok()?;
+        serde_json::from_slice(&bytes).ok()
     }
 
     /// Reads a stored image's metadata and config; `None` when absent or made

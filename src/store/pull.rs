@@ -4,13 +4,14 @@
 use std::fs;
 use std::io::BufWriter;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
 use super::catalog::{touch_last_used, LAST_USED};
 use super::fsutil::{sync_dir, write_synced, FileLock, TempEntry};
+use super::progress::{mb, LayerProgress, Progress};
 use super::{ImageMeta, Store, StoredImage};
 use crate::image::{self, ImageConfig, Layer, SquashfsOptions, CONVERTER_VERSION};
 use crate::reference::ImageRef;
@@ -38,23 +39,13 @@ const CONFIG_TYPES: &[&str] = &[
     "application/vnd.docker.container.image.v1+json",
 ];
 
-struct Progress(bool);
-
-impl Progress {
-    fn say(&self, msg: impl AsRef<str>) {
-        if self.0 {
-            eprintln!("berth: {}", msg.as_ref());
-        }
-    }
-}
-
-fn mb(bytes: u64) -> String {
-    format!("{:.1} MB", bytes as f64 / 1e6)
-}
-
 pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Result<StoredImage> {
-    let progress = Progress(options.progress);
+    let started = std::time::Instant::now();
+    let progress = Progress::new(options.progress);
     let client = RegistryClient::new(&options.registry);
+    if let Some(found) = pinned_in_store(store, &client, image, &progress)? {
+        return Ok(found);
+    }
     progress.say(format!("resolving {image}"));
     let resolved = client.resolve(image, &Platform::current())?;
     let digest = resolved.manifest_digest.clone();
@@ -76,7 +67,10 @@ pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Re
     // Blobs found in the store below must stay until the conversion is done.
     let _downloading = FileLock::shared(&store.store_lock_path())?;
 
-    check_media_types(image, &resolved)?;
+    let (layers, notes) = usable_layers(image, &resolved)?;
+    for note in notes {
+        eprintln!("berth: {note}");
+    }
     let config_desc = &resolved.manifest.config;
     let config_digest = parse_digest(image, &config_desc.digest)?;
     let config_bytes = client
@@ -86,39 +80,37 @@ pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Re
         format!("the image configuration {config_digest} of {image} is not valid JSON")
     })?;
 
-    let layers = &resolved.manifest.layers;
     let total: u64 = layers.iter().map(|l| l.size).sum();
-    progress.say(format!("fetching {} layers ({})", layers.len(), mb(total)));
-    let started = Instant::now();
-    let blob_paths = download_layers(
-        store,
-        &client,
-        image,
-        layers,
-        options.registry.retry,
-        &progress,
-    )?;
-    progress.say(format!("layers fetched in {:.1?}", started.elapsed()));
-
-    progress.say("converting to squashfs");
-    let layer_list: Vec<Layer> = blob_paths
-        .into_iter()
-        .zip(layers)
-        .map(|(path, desc)| Layer::from_file(path, desc.digest.clone()))
-        .collect();
+    progress.say(format!(
+        "fetching and converting {} layers ({})",
+        layers.len(),
+        mb(total)
+    ));
+    let sizes: Vec<(String, u64)> = layers.iter().map(|l| (l.digest.clone(), l.size)).collect();
+    let bars = Arc::new(Progress::with_layers(options.progress, &sizes));
     let staging = TempEntry::dir(&store.tmp_dir(), &format!("image-{}", digest.hex()), 0o755)?;
     let sqfs = staging.path().join("image.sqfs");
-    let stats = image::convert(&layer_list, &sqfs, &SquashfsOptions::default())
-        .with_context(|| format!("cannot convert {image} to squashfs"))?;
+    let stats = bars.run_ticker(|| {
+        download_and_convert(
+            store,
+            &client,
+            image,
+            &layers,
+            options.registry.retry,
+            &bars,
+            &sqfs,
+        )
+    })?;
     for w in &stats.warnings {
         eprintln!("berth: warning: {image}: {w}");
     }
     progress.say(format!(
-        "converted {} files, {} of data, into a {} squashfs in {:.1?}",
-        stats.paths,
-        mb(stats.bytes),
+        "pulled {} layers ({}) into a {} squashfs ({} files) in {:.1} s",
+        layers.len(),
+        mb(total),
         mb(stats.image_size),
-        stats.total_time
+        stats.paths,
+        started.elapsed().as_secs_f64()
     ));
 
     let meta = ImageMeta {
@@ -135,6 +127,7 @@ pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Re
         created: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
+        anonymous: !client.used_credentials(),
     };
     write_synced(
         &staging.path().join("config.json"),
@@ -174,7 +167,23 @@ fn parse_digest(image: &ImageRef, digest: &str) -> Result<Digest> {
     })
 }
 
-fn check_media_types(image: &ImageRef, resolved: &ResolvedImage) -> Result<()> {
+/// Media types of non-distributable ("foreign") layers: the registry may not
+/// hold them; the manifest's `urls` say where they live.
+const FOREIGN_TYPES: &[&str] = &[
+    "application/vnd.oci.image.layer.nondistributable.v1.tar",
+    "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip",
+    "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd",
+    "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip",
+];
+
+/// Checks media types; returns the layers to fetch. A non-distributable layer
+/// with `urls` is skipped with a note, as the image spec allows (it is not
+/// for redistribution, e.g. a Windows base layer); without `urls` it is
+/// fetched from the registry like any other layer.
+fn usable_layers(
+    image: &ImageRef,
+    resolved: &ResolvedImage,
+) -> Result<(Vec<Descriptor>, Vec<String>)> {
     let config_type = resolved.manifest.config.media_type.as_str();
     if !config_type.is_empty() && !CONFIG_TYPES.contains(&config_type) {
         return Err(RegistryError::UnsupportedManifest {
@@ -184,85 +193,223 @@ fn check_media_types(image: &ImageRef, resolved: &ResolvedImage) -> Result<()> {
         }
         .into());
     }
+    let mut usable = Vec::new();
+    let mut notes = Vec::new();
     for layer in &resolved.manifest.layers {
         let t = layer.media_type.as_str();
+        if FOREIGN_TYPES.contains(&t) {
+            if layer.urls.is_empty() {
+                usable.push(layer.clone());
+            } else {
+                notes.push(format!(
+                    "note: {image}: skipped non-distributable layer {} ({t}, from {}): \
+                     the image spec lets it stay out of the image",
+                    layer.digest,
+                    layer.urls.join(", ")
+                ));
+            }
+            continue;
+        }
         if !t.is_empty() && !LAYER_TYPES.contains(&t) {
             return Err(RegistryError::UnsupportedManifest {
                 image: image.to_string(),
                 media_type: t.to_string(),
                 hint: format!(
-                    "layer {} has a media type berth cannot unpack (foreign or \
-                     non-distributable layers are not supported)",
+                    "layer {} has a media type berth cannot unpack",
                     layer.digest
                 ),
             }
             .into());
         }
+        usable.push(layer.clone());
     }
-    Ok(())
+    Ok((usable, notes))
 }
 
-/// Downloads the blobs not yet in the store, up to [`PARALLEL_DOWNLOADS`] at a
-/// time; returns their paths in layer order.
-fn download_layers(
+/// A digest-pinned image already in the store, handed out with no download:
+/// with no network at all when it was fetched anonymously from the same
+/// repository, else after a `HEAD` of its manifest with the caller's
+/// credentials (a cached private image is only for those who may read it).
+fn pinned_in_store(
+    store: &Store,
+    client: &RegistryClient,
+    image: &ImageRef,
+    progress: &Progress,
+) -> Result<Option<StoredImage>> {
+    let Some(pinned) = image.digest.as_deref() else {
+        return Ok(None);
+    };
+    let Ok(pinned) = Digest::parse(pinned) else {
+        return Ok(None);
+    };
+    let Some((digest, meta)) = store.find_pinned(&pinned)? else {
+        return Ok(None);
+    };
+    let Some(mut stored) = store.load(&digest)? else {
+        return Ok(None);
+    };
+    let same_repository = meta.registry == image.registry && meta.repository == image.repository;
+    if !(meta.anonymous && same_repository) {
+        // Denied or unknown: the error says so; nothing from the store is handed out.
+        client.check_manifest(image, &pinned)?;
+    }
+    progress.say(format!("{image} is already in the store"));
+    touch_last_used(&store.image_dir(&digest));
+    stored.reference = Some(ImageRef {
+        user: None,
+        ..image.with_digest(digest.as_str())
+    });
+    Ok(Some(stored))
+}
+
+/// Downloads the layers not yet in the store (top layer first, up to
+/// [`PARALLEL_DOWNLOADS`] at a time) while converting them into `sqfs`: the
+/// conversion reads the top layer as soon as it is verified, while lower ones
+/// still download.
+fn download_and_convert(
     store: &Store,
     client: &RegistryClient,
     image: &ImageRef,
     layers: &[Descriptor],
     retry: RetryPolicy,
     progress: &Progress,
-) -> Result<Vec<std::path::PathBuf>> {
+    sqfs: &std::path::Path,
+) -> Result<image::ConvertStats> {
     let digests = layers
         .iter()
         .map(|l| parse_digest(image, &l.digest))
         .collect::<Result<Vec<_>>>()?;
-    let next = Mutex::new(0usize);
-    let failed = AtomicBool::new(false);
-    let results: Mutex<Vec<Option<Result<()>>>> =
-        Mutex::new((0..layers.len()).map(|_| None).collect());
-    std::thread::scope(|s| {
+    let board = Arc::new(Board::new(layers.len()));
+    // Top layer first: the conversion starts there.
+    let next = Mutex::new(layers.len());
+    let stop = AtomicBool::new(false);
+    let layer_list: Vec<Layer> = digests
+        .iter()
+        .enumerate()
+        .map(|(i, digest)| {
+            let board = Arc::clone(&board);
+            let path = store.blob_path(digest);
+            Layer::from_opener(digest.to_string(), move || {
+                board.wait(i)?;
+                fs::File::open(&path)
+                    .map(|f| Box::new(f) as Box<dyn std::io::Read + Send>)
+                    .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+            })
+        })
+        .collect();
+    let converted = std::thread::scope(|s| {
         for _ in 0..PARALLEL_DOWNLOADS.min(layers.len()) {
             s.spawn(|| loop {
-                if failed.load(Ordering::Relaxed) {
+                if stop.load(Ordering::Relaxed) {
                     return;
                 }
                 let i = {
                     let mut n = next.lock().unwrap_or_else(|e| e.into_inner());
-                    let i = *n;
-                    *n += 1;
-                    i
+                    if *n == 0 {
+                        return;
+                    }
+                    *n -= 1;
+                    *n
                 };
-                if i >= layers.len() {
-                    return;
-                }
-                let r = fetch_blob(
-                    store,
-                    client,
-                    image,
-                    &digests[i],
-                    layers[i].size,
-                    retry,
-                    progress,
-                );
+                let blob = Blob {
+                    digest: &digests[i],
+                    size: layers[i].size,
+                    index: i,
+                };
+                let r = fetch_blob(store, client, image, blob, retry, progress);
                 if r.is_err() {
-                    failed.store(true, Ordering::Relaxed);
+                    stop.store(true, Ordering::Relaxed);
                 }
-                results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
+                board.finish(i, r);
             });
         }
+        let converted = image::convert_with(&layer_list, sqfs, &SquashfsOptions::default(), |i| {
+            progress.converting(i)
+        });
+        if converted.is_err() {
+            stop.store(true, Ordering::Relaxed);
+            board.abort();
+        }
+        converted
     });
-    for r in results
-        .into_inner()
-        .unwrap_or_else(|e| e.into_inner())
-        .into_iter()
-        .flatten()
-    {
-        r?;
+    // A download error explains a conversion that could not open its layer.
+    if let Some(e) = board.take_error() {
+        return Err(e);
     }
-    if failed.load(Ordering::Relaxed) {
-        bail!("a layer download of {image} failed");
+    converted.with_context(|| format!("cannot convert {image} to squashfs"))
+}
+
+/// Which layer downloads are done, for the conversion waiting on them.
+struct Board {
+    state: Mutex<BoardState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct BoardState {
+    /// Per layer: `Some(true)` downloaded, `Some(false)` failed.
+    done: Vec<Option<bool>>,
+    /// The first download error.
+    error: Option<anyhow::Error>,
+    /// The conversion gave up.
+    aborted: bool,
+}
+
+impl Board {
+    fn new(n: usize) -> Board {
+        Board {
+            state: Mutex::new(BoardState {
+                done: vec![None; n],
+                ..BoardState::default()
+            }),
+            changed: Condvar::new(),
+        }
     }
-    Ok(digests.iter().map(|d| store.blob_path(d)).collect())
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BoardState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn finish(&self, i: usize, result: Result<()>) {
+        let mut g = self.lock();
+        g.done[i] = Some(result.is_ok());
+        if let Err(e) = result {
+            g.error.get_or_insert(e);
+        }
+        self.changed.notify_all();
+    }
+
+    /// Stops waiters (the conversion failed).
+    fn abort(&self) {
+        self.lock().aborted = true;
+        self.changed.notify_all();
+    }
+
+    /// Waits until layer `i` is downloaded; fails as soon as any download failed.
+    fn wait(&self, i: usize) -> std::io::Result<()> {
+        let mut g = self.lock();
+        loop {
+            if g.error.is_some() || g.aborted || g.done[i] == Some(false) {
+                return Err(std::io::Error::other("a layer download failed"));
+            }
+            if g.done[i] == Some(true) {
+                return Ok(());
+            }
+            g = self.changed.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn take_error(&self) -> Option<anyhow::Error> {
+        self.lock().error.take()
+    }
+}
+
+/// One layer blob to fetch: its digest, size and index in the manifest.
+#[derive(Clone, Copy)]
+struct Blob<'a> {
+    digest: &'a Digest,
+    size: u64,
+    index: usize,
 }
 
 /// Fetches one blob into `blobs/` via a locked temp file, verified. A
@@ -272,22 +419,25 @@ fn fetch_blob(
     store: &Store,
     client: &RegistryClient,
     image: &ImageRef,
-    digest: &Digest,
-    size: u64,
+    blob: Blob<'_>,
     retry: RetryPolicy,
     progress: &Progress,
 ) -> Result<()> {
+    let Blob {
+        digest,
+        size,
+        index,
+    } = blob;
     let dest = store.blob_path(digest);
     if fs::metadata(&dest).is_ok_and(|m| m.len() == size) {
-        progress.say(format!(
-            "layer {digest} ({}) already in the store",
-            mb(size)
-        ));
+        progress.stored(index);
         return Ok(());
     }
+    progress.downloading(index);
     let mut attempt = 1;
     loop {
-        match download_blob(store, client, image, digest, size) {
+        progress.layer(index).restart();
+        match download_blob(store, client, image, digest, size, progress.layer(index)) {
             Ok(()) => break,
             Err(e) if connection_lost(&e) => {
                 // Each try may run for minutes: bound by tries, not by total time.
@@ -306,7 +456,7 @@ fn fetch_blob(
             Err(e) => return Err(e),
         }
     }
-    progress.say(format!("layer {digest} ({}) fetched", mb(size)));
+    progress.fetched(index);
     Ok(())
 }
 
@@ -325,11 +475,20 @@ fn download_blob(
     image: &ImageRef,
     digest: &Digest,
     size: u64,
+    counter: &LayerProgress,
 ) -> Result<()> {
     let dest = store.blob_path(digest);
     let (tmp, file) = TempEntry::file(&store.tmp_dir(), &format!("blob-{}", digest.hex()))?;
     let mut writer = BufWriter::with_capacity(1 << 20, file);
-    client.fetch_blob(image, digest, Some(size), &mut writer)?;
+    client.fetch_blob(
+        image,
+        digest,
+        Some(size),
+        &mut Counted {
+            inner: &mut writer,
+            counter,
+        },
+    )?;
     let file = writer
         .into_inner()
         .map_err(|e| e.into_error())
@@ -340,6 +499,24 @@ fn download_blob(
         .with_context(|| format!("cannot move {} to {}", tmp.path().display(), dest.display()))?;
     tmp.keep();
     Ok(())
+}
+
+/// A writer that reports the bytes passing through to a layer's progress.
+struct Counted<'a, W> {
+    inner: &'a mut W,
+    counter: &'a LayerProgress,
+}
+
+impl<W: std::io::Write> std::io::Write for Counted<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.counter.add(n as u64);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// Renames the staged image directory into `images/`, replacing an image made
@@ -362,4 +539,60 @@ fn publish(store: &Store, staging: TempEntry, digest: &Digest) -> Result<()> {
     })?;
     staging.keep();
     sync_dir(&store.images_dir())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolved(layers: &str) -> ResolvedImage {
+        let manifest = format!(
+            r#"{{"schemaVersion":2,"config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:{c}","size":2}},"layers":{layers}}}"#,
+            c = "c".repeat(64)
+        );
+        let manifest: crate::registry::ImageManifest = serde_json::from_str(&manifest).unwrap();
+        let image = ImageRef::parse("registry.example:5000/win/app:1").unwrap();
+        ResolvedImage {
+            image,
+            manifest_digest: Digest::of_bytes(b"m"),
+            manifest_bytes: Vec::new(),
+            manifest,
+            index_digest: None,
+            platform: None,
+        }
+    }
+
+    #[test]
+    fn foreign_layers_with_urls_are_skipped_with_a_note() {
+        let (a, b, c) = ("a".repeat(64), "b".repeat(64), "d".repeat(64));
+        let layers = format!(
+            r#"[{{"mediaType":"application/vnd.docker.image.rootfs.foreign.diff.tar.gzip","digest":"sha256:{a}","size":5,"urls":["https://cdn.example/base"]}},
+                {{"mediaType":"application/vnd.oci.image.layer.nondistributable.v1.tar+gzip","digest":"sha256:{b}","size":6}},
+                {{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:{c}","size":7}}]"#
+        );
+        let r = resolved(&layers);
+        let (usable, notes) = usable_layers(&r.image, &r).unwrap();
+        // With urls: skipped, with a note naming it; without: fetched like any layer.
+        let kept: Vec<_> = usable.iter().map(|l| l.size).collect();
+        assert_eq!(kept, [6, 7]);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].contains(&a) && notes[0].contains("cdn.example"),
+            "{notes:?}"
+        );
+    }
+
+    #[test]
+    fn unknown_layer_types_are_refused() {
+        let layers = format!(
+            r#"[{{"mediaType":"application/vnd.example.weights","digest":"sha256:{}","size":5}}]"#,
+            "a".repeat(64)
+        );
+        let r = resolved(&layers);
+        let e = usable_layers(&r.image, &r).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("application/vnd.example.weights"),
+            "{e:#}"
+        );
+    }
 }

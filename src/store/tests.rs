@@ -37,7 +37,7 @@ pub(super) fn options(reg: &FakeRegistry) -> PullOptions {
             proxy: crate::registry::ProxySettings::default(),
             ..RegistryOptions::default()
         },
-        progress: false,
+        progress: ProgressMode::Off,
     }
 }
 
@@ -261,7 +261,7 @@ fn real_registry_pull() {
             insecure_registries: vec![r.registry.clone()],
             ..RegistryOptions::default()
         },
-        progress: true,
+        progress: ProgressMode::Lines,
     };
     let start = std::time::Instant::now();
     let img = pull_image(Path::new(&store), &ImageSource::Registry(r), &options).unwrap();

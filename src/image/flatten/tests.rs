@@ -101,11 +101,10 @@ enum Out {
     Hard(String),
 }
 
-fn flatten(specs: &[&[E]]) -> (BTreeMap<String, Out>, Plan, Vec<u8>) {
+fn flatten(specs: &[&[E]]) -> (BTreeMap<String, Out>, Flattened, Vec<u8>) {
     let layers = layers(specs);
-    let plan = plan(&layers, 2).unwrap();
     let mut tar = Vec::new();
-    write_tar(&plan, &layers, &mut tar).unwrap();
+    let plan = write_flattened(&layers, &mut tar, |_| {}).unwrap();
     let mut out = BTreeMap::new();
     let mut archive = Archive::new(&tar[..]);
     for entry in archive.entries().unwrap() {
@@ -367,7 +366,7 @@ fn corrupt_layer_is_an_error_naming_it() {
     tar[0] = b'\xff';
     tar[148] = b'x'; // checksum field
     let layers = vec![Layer::from_bytes(gz(&tar), "sha256:bad")];
-    let err = plan(&layers, 1).unwrap_err();
+    let err = write_flattened(&layers, io::sink(), |_| {}).unwrap_err();
     assert!(format!("{err:#}").contains("sha256:bad"), "{err:#}");
 }
 
@@ -446,4 +445,123 @@ fn converts_to_squashfs() {
     };
     assert_eq!(cat("f"), "new");
     assert_eq!(cat("f2"), "orig");
+}
+
+#[test]
+fn whiteout_of_a_dir_then_recreated() {
+    // The upper layer deletes d and makes it again: only the new children stay.
+    let (out, _, _) = flatten(&[
+        &[
+            E::Dir("d"),
+            E::File("d/old", "o"),
+            E::Dir("d/sub"),
+            E::File("d/sub/x", "x"),
+        ],
+        &[E::File(".wh.d", ""), E::Dir("d"), E::File("d/new", "n")],
+        &[E::File("d/top", "t")],
+    ]);
+    assert_eq!(keys(&out), ["d", "d/new", "d/top"]);
+}
+
+#[test]
+fn opaque_dir_with_hardlinks() {
+    // Links inside an opaque directory to files of the same layer stay links;
+    // a link to a file the opaque marker hides keeps the hidden content.
+    let (out, plan, _) = flatten(&[
+        &[
+            E::Dir("d"),
+            E::File("d/lib", "old"),
+            E::Hard("d/liblink", "d/lib"),
+        ],
+        &[
+            E::Dir("d"),
+            E::File("d/.wh..wh..opq", ""),
+            E::File("d/new", "n"),
+            E::Hard("d/newlink", "d/new"),
+        ],
+    ]);
+    assert_eq!(keys(&out), ["d", "d/new", "d/newlink"]);
+    assert_eq!(out["d/newlink"], Out::Hard("d/new".into()));
+    assert!(plan.warnings.is_empty(), "{:?}", plan.warnings);
+
+    let (out, _, _) = flatten(&[
+        &[E::File("f", "base")],
+        &[E::File("f", "mid"), E::Hard("keep", "f")],
+        &[E::File(".wh.f", "")],
+    ]);
+    assert_eq!(keys(&out), ["keep"]);
+    assert_eq!(out["keep"], file("mid"));
+}
+
+#[test]
+fn hardlink_to_a_lower_layer() {
+    // The link's layer does not hold its target: it names the lower file.
+    let (out, _, _) = flatten(&[&[E::File("f", "low")], &[E::Hard("l", "f")]]);
+    assert_eq!(out["f"], file("low"));
+    assert_eq!(out["l"], Out::Hard("f".into()));
+    // The lower file is replaced above the link: the link keeps the old content.
+    let (out, _, _) = flatten(&[
+        &[E::File("f", "low")],
+        &[E::Hard("l", "f")],
+        &[E::File("f", "top")],
+    ]);
+    assert_eq!(out["f"], file("top"));
+    assert_eq!(out["l"], file("low"));
+}
+
+#[test]
+fn hidden_entries_still_hide_lower_layers() {
+    // A middle-layer file at p (hidden by the top layer's p/q) still removed
+    // the bottom layer's directory p and its children.
+    let (out, _, _) = flatten(&[
+        &[E::Dir("p"), E::File("p/old", "o")],
+        &[E::File("p", "file")],
+        &[E::File("p/q", "q")],
+    ]);
+    assert_eq!(keys(&out), ["p", "p/q"]);
+    // A middle entry below a whited-out path still makes its parent a directory.
+    let (out, _, _) = flatten(&[
+        &[E::File("a", "file")],
+        &[E::File("a/b/c", "c")],
+        &[E::File("a/.wh.b", "")],
+    ]);
+    assert_eq!(keys(&out), ["a"]);
+    assert_eq!(out["a"], Out::Dir);
+    // A top-level opaque marker hides every lower entry.
+    let (out, _, _) = flatten(&[
+        &[E::File("x", "x")],
+        &[E::File(".wh..wh..opq", ""), E::File("y", "y")],
+    ]);
+    assert_eq!(keys(&out), ["y"]);
+}
+
+#[test]
+fn a_second_entry_in_one_layer_is_skipped() {
+    let (out, plan, _) = flatten(&[&[
+        E::File("f", "one"),
+        E::File("f", "two"),
+        E::Dir("d"),
+        E::Dir("d"),
+    ]]);
+    assert_eq!(out["f"], file("one"));
+    assert!(
+        plan.warnings.join("\n").contains("second entry for /f"),
+        "{:?}",
+        plan.warnings
+    );
+    assert_eq!(plan.warnings.len(), 1, "{:?}", plan.warnings);
+}
+
+#[test]
+fn layers_are_read_once_without_lost_link_targets() {
+    let (_, plan, _) = flatten(&[
+        &[E::File("f", "x"), E::Hard("l", "f")],
+        &[E::File("g", "y")],
+    ]);
+    assert_eq!(plan.reread_layers, 0);
+    let (_, plan, _) = flatten(&[
+        &[E::File("f", "x"), E::Hard("l", "f")],
+        &[E::File("f", "y")],
+    ]);
+    assert_eq!(plan.reread_layers, 1);
 }
