@@ -14,10 +14,22 @@ use std::path::PathBuf;
 
 use common::{Cluster, BOTH};
 
+/// MPI jobs of these tests run one at a time: two MPICH jobs over UCX/TCP at
+/// once on the same two network-namespace nodes of one 2-core machine have
+/// stalled (a rank waiting in a PMI2 fence while its peer waits on it).
+static ONE_MPI_JOB_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The cluster and the MPI-job lock (held until the test ends), or return
+/// when no cluster is configured.
 macro_rules! cluster_or_skip {
     () => {
         match Cluster::get() {
-            Some(cluster) => cluster,
+            Some(cluster) => (
+                cluster,
+                ONE_MPI_JOB_AT_A_TIME
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()),
+            ),
             None => return,
         }
     };
@@ -40,7 +52,7 @@ fn host_libmpich() -> PathBuf {
 
 #[test]
 fn host_mpich_is_injected_and_runs_over_pmi2_across_nodes() {
-    let cluster = cluster_or_skip!();
+    let (cluster, _one_at_a_time) = cluster_or_skip!();
     write_profile(
         &cluster,
         "test-mpich",
@@ -97,7 +109,7 @@ fn host_mpich_is_injected_and_runs_over_pmi2_across_nodes() {
 
 #[test]
 fn image_mpich_runs_over_pmi2_without_injection() {
-    let cluster = cluster_or_skip!();
+    let (cluster, _one_at_a_time) = cluster_or_skip!();
     let image = cluster.image("mpich:bookworm");
     for who in BOTH {
         let run = cluster
@@ -128,7 +140,7 @@ fn image_mpich_runs_over_pmi2_without_injection() {
 
 #[test]
 fn open_mpi_over_pmix_still_works_beside_profiles() {
-    let cluster = cluster_or_skip!();
+    let (cluster, _one_at_a_time) = cluster_or_skip!();
     let image = cluster.image("openmpi:bookworm");
     for who in BOTH {
         let run = cluster
@@ -154,7 +166,7 @@ fn open_mpi_over_pmix_still_works_beside_profiles() {
 
 #[test]
 fn incompatible_host_mpi_is_refused_with_the_reason() {
-    let cluster = cluster_or_skip!();
+    let (cluster, _one_at_a_time) = cluster_or_skip!();
     // A host library that claims an older minor version than the image's.
     let state = PathBuf::from(cluster.var("BERTH_TEST_STATE_DIR"));
     let old = state.join("fake-host-mpi/libmpich.so.12.0.5");
