@@ -30,7 +30,15 @@ pub struct SquashfsOptions {
     pub compressor_options: Option<String>,
     /// Compression threads of tar2sqfs.
     pub jobs: usize,
+    /// Most bytes the flattened tar stream may have (file data and headers):
+    /// a decompression bomb stops here with an error instead of burning CPU
+    /// and disk.
+    pub max_bytes: u64,
 }
+
+/// Default [`SquashfsOptions::max_bytes`]: 256 GiB, several times the
+/// largest images in use (AI framework images are tens of GB).
+pub const DEFAULT_MAX_IMAGE_BYTES: u64 = 256 << 30;
 
 impl Default for SquashfsOptions {
     fn default() -> Self {
@@ -38,6 +46,7 @@ impl Default for SquashfsOptions {
             compressor: "zstd".to_string(),
             compressor_options: Some("level=3".to_string()),
             jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            max_bytes: DEFAULT_MAX_IMAGE_BYTES,
         }
     }
 }
@@ -90,7 +99,12 @@ pub fn convert_with(
     let start = Instant::now();
     let tmp = temp_path(dest);
     let result = run_tar2sqfs(&tmp, options, |stdin| {
-        write_flattened(layers, stdin, on_layer)
+        let limited = LimitedWriter {
+            inner: stdin,
+            left: options.max_bytes,
+            limit: options.max_bytes,
+        };
+        write_flattened(layers, limited, on_layer)
     });
     let stats = match result {
         Ok(stats) => stats,
@@ -120,6 +134,33 @@ pub fn convert_with(
         warnings: stats.warnings,
         total_time: start.elapsed(),
     })
+}
+
+/// A writer that fails once more than `limit` bytes went through it.
+struct LimitedWriter<W> {
+    inner: W,
+    left: u64,
+    limit: u64,
+}
+
+impl<W: std::io::Write> std::io::Write for LimitedWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if buf.len() as u64 > self.left {
+            return Err(std::io::Error::other(format!(
+                "the image expands to more than {} bytes ({} GiB) of files: refused as a \
+                 decompression bomb or an image too large for this node",
+                self.limit,
+                self.limit >> 30
+            )));
+        }
+        let n = self.inner.write(buf)?;
+        self.left -= n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 fn temp_path(dest: &Path) -> PathBuf {
@@ -209,6 +250,44 @@ fn run_tar2sqfs<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A gzip layer of 64 MiB of zeros (64 KiB compressed) against a 16 MiB
+    /// limit: an error that says why, and no partial file left behind.
+    #[test]
+    fn decompression_bombs_stop_at_the_limit() {
+        if !tar2sqfs_available() {
+            eprintln!("skipped: no tar2sqfs");
+            return;
+        }
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_size(64 << 20);
+        header.set_mode(0o644);
+        header.set_cksum();
+        tar.append_data(&mut header, "zeros", std::io::repeat(0).take(64 << 20))
+            .unwrap();
+        let raw = tar.into_inner().unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        std::io::Write::write_all(&mut gz, &raw).unwrap();
+        let bomb = gz.finish().unwrap();
+        assert!(bomb.len() < 1 << 20, "{}", bomb.len());
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("image.sqfs");
+        let options = SquashfsOptions {
+            max_bytes: 16 << 20,
+            ..SquashfsOptions::default()
+        };
+        let err = convert(&[Layer::from_bytes(bomb.clone(), "bomb")], &dest, &options).unwrap_err();
+        assert!(format!("{err:#}").contains("decompression bomb"), "{err:#}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        // The default limit lets it through.
+        convert(
+            &[Layer::from_bytes(bomb, "bomb")],
+            &dest,
+            &SquashfsOptions::default(),
+        )
+        .unwrap();
+    }
 
     /// Measures a conversion of real layers:
     /// `BERTH_BENCH_LAYERS=a.tar.gz:b.tar.gz cargo test --release --lib bench_convert -- --ignored --nocapture`
