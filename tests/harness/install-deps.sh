@@ -6,7 +6,8 @@
 #     (apt-get update only when a package has no install candidate);
 #   - makes munge startable (directory ownership, key present);
 #   - makes /dev/fuse usable by ordinary users (mode 0666);
-#   - creates the test user `berthuser` with supplementary group `berthgrp`.
+#   - creates the test user `berthuser` with supplementary group `berthgrp`,
+#     and berthuser2..4 (no extra group) for tests across users.
 # Safe to run again: when everything is already there it takes a second or two.
 # Package services are not started by the install (a temporary policy-rc.d);
 # tests/harness/cluster.sh starts what it needs itself.
@@ -29,6 +30,9 @@ PACKAGES=(
 
 TEST_USER=berthuser
 TEST_GROUP=berthgrp
+# More ordinary users, for tests of one user against another and of many
+# users at once (not in berthgrp).
+OTHER_USERS=(berthuser2 berthuser3 berthuser4)
 
 log() { printf '[install-deps] %s\n' "$*"; }
 die() { printf '[install-deps] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -123,6 +127,13 @@ make_test_user() {
     else
         log "user $TEST_USER exists (groups: $(id -Gn "$TEST_USER"))"
     fi
+    local u
+    for u in "${OTHER_USERS[@]}"; do
+        if ! id -u "$u" >/dev/null 2>&1; then
+            useradd -m -s /bin/bash "$u"
+            log "created user $u"
+        fi
+    done
 }
 
 start=$SECONDS

@@ -213,5 +213,6 @@ export BERTH_TEST_TOKEN_REGISTRY_LOG=$STATE_DIR/registry-token.log
 export BERTH_TEST_TOKEN_USER=berth
 export BERTH_TEST_TOKEN_PASSWORD=berthpass
 export BERTH_TEST_USER=berthuser
+export BERTH_TEST_OTHER_USERS="berthuser2 berthuser3 berthuser4"
 EOF
 }
