@@ -9,6 +9,7 @@ pub mod config;
 pub mod flatten;
 pub mod layer;
 pub mod squashfs;
+pub mod writeback;
 
 pub use config::ImageConfig;
 pub use layer::Layer;

@@ -206,6 +206,7 @@ fn run_tar2sqfs<T>(
         let _ = std::io::copy(&mut stderr, &mut std::io::sink());
         s
     });
+    let _writeback = super::writeback::Watcher::start(out);
     let stdin = child.stdin.take().expect("stdin is piped");
     let mut writer = BufWriter::with_capacity(1 << 20, stdin);
     let fed = feed(&mut writer).and_then(|v| {

@@ -30,6 +30,7 @@
 //! other stored image is handed out only after a `HEAD` of its manifest with
 //! the caller's credentials succeeds.
 
+mod board;
 mod catalog;
 pub(crate) mod fsutil;
 mod gc;

@@ -1,18 +1,21 @@
 //! One pull: resolve, check the store, lock, download blobs in parallel,
 //! convert, publish.
 
-use std::fs;
-use std::io::BufWriter;
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 
+use super::board::Board;
 use super::catalog::{touch_last_used, LAST_USED};
 use super::fsutil::{sync_dir, write_synced, FileLock, TempEntry};
 use super::progress::{mb, LayerProgress, Progress};
 use super::{ImageMeta, Store, StoredImage};
+use crate::image::writeback::start_writeback;
 use crate::image::{self, ImageConfig, Layer, SquashfsOptions, CONVERTER_VERSION};
 use crate::reference::ImageRef;
 use crate::registry::{
@@ -288,15 +291,14 @@ fn download_and_convert(
         .enumerate()
         .map(|(i, digest)| {
             let board = Arc::clone(&board);
-            let path = store.blob_path(digest);
-            Layer::from_opener(digest.to_string(), move || {
-                board.wait(i)?;
-                fs::File::open(&path)
-                    .map(|f| Box::new(f) as Box<dyn std::io::Read + Send>)
-                    .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
-            })
+            Layer::from_opener(digest.to_string(), move || board.open(i))
         })
         .collect();
+    let convert = || {
+        image::convert_with(&layer_list, sqfs, &SquashfsOptions::default(), |i| {
+            progress.converting(i)
+        })
+    };
     let converted = std::thread::scope(|s| {
         for _ in 0..PARALLEL_DOWNLOADS.min(layers.len()) {
             s.spawn(|| loop {
@@ -316,16 +318,26 @@ fn download_and_convert(
                     size: layers[i].size,
                     index: i,
                 };
-                let r = fetch_blob(store, client, image, blob, retry, progress);
-                if r.is_err() {
-                    stop.store(true, Ordering::Relaxed);
+                match fetch_blob(store, client, image, blob, retry, progress, &board) {
+                    Ok(path) => board.stored(i, path),
+                    Err(e) => {
+                        stop.store(true, Ordering::Relaxed);
+                        board.fail(i, e);
+                    }
                 }
-                board.finish(i, r);
             });
         }
-        let converted = image::convert_with(&layer_list, sqfs, &SquashfsOptions::default(), |i| {
-            progress.converting(i)
-        });
+        let mut converted = convert();
+        if converted.is_err() && board.restarted() {
+            // A download started over under the streaming conversion: convert
+            // again from the stored blobs once they are all there.
+            board.stop_streaming();
+            board.wait_all();
+            if board.take_error().is_none() {
+                eprintln!("berth: {image}: converting again after a layer download restarted");
+                converted = convert();
+            }
+        }
         if converted.is_err() {
             stop.store(true, Ordering::Relaxed);
             board.abort();
@@ -337,71 +349,6 @@ fn download_and_convert(
         return Err(e);
     }
     converted.with_context(|| format!("cannot convert {image} to squashfs"))
-}
-
-/// Which layer downloads are done, for the conversion waiting on them.
-struct Board {
-    state: Mutex<BoardState>,
-    changed: Condvar,
-}
-
-#[derive(Default)]
-struct BoardState {
-    /// Per layer: `Some(true)` downloaded, `Some(false)` failed.
-    done: Vec<Option<bool>>,
-    /// The first download error.
-    error: Option<anyhow::Error>,
-    /// The conversion gave up.
-    aborted: bool,
-}
-
-impl Board {
-    fn new(n: usize) -> Board {
-        Board {
-            state: Mutex::new(BoardState {
-                done: vec![None; n],
-                ..BoardState::default()
-            }),
-            changed: Condvar::new(),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BoardState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn finish(&self, i: usize, result: Result<()>) {
-        let mut g = self.lock();
-        g.done[i] = Some(result.is_ok());
-        if let Err(e) = result {
-            g.error.get_or_insert(e);
-        }
-        self.changed.notify_all();
-    }
-
-    /// Stops waiters (the conversion failed).
-    fn abort(&self) {
-        self.lock().aborted = true;
-        self.changed.notify_all();
-    }
-
-    /// Waits until layer `i` is downloaded; fails as soon as any download failed.
-    fn wait(&self, i: usize) -> std::io::Result<()> {
-        let mut g = self.lock();
-        loop {
-            if g.error.is_some() || g.aborted || g.done[i] == Some(false) {
-                return Err(std::io::Error::other("a layer download failed"));
-            }
-            if g.done[i] == Some(true) {
-                return Ok(());
-            }
-            g = self.changed.wait(g).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    fn take_error(&self) -> Option<anyhow::Error> {
-        self.lock().error.take()
-    }
 }
 
 /// One layer blob to fetch: its digest, size and index in the manifest.
@@ -422,7 +369,8 @@ fn fetch_blob(
     blob: Blob<'_>,
     retry: RetryPolicy,
     progress: &Progress,
-) -> Result<()> {
+    board: &Board,
+) -> Result<PathBuf> {
     let Blob {
         digest,
         size,
@@ -431,13 +379,18 @@ fn fetch_blob(
     let dest = store.blob_path(digest);
     if fs::metadata(&dest).is_ok_and(|m| m.len() == size) {
         progress.stored(index);
-        return Ok(());
+        return Ok(dest);
     }
     progress.downloading(index);
     let mut attempt = 1;
     loop {
         progress.layer(index).restart();
-        match download_blob(store, client, image, digest, size, progress.layer(index)) {
+        let target = BlobTarget {
+            board,
+            index,
+            counter: progress.layer(index),
+        };
+        match download_blob(store, client, image, digest, size, target) {
             Ok(()) => break,
             Err(e) if connection_lost(&e) => {
                 // Each try may run for minutes: bound by tries, not by total time.
@@ -457,7 +410,7 @@ fn fetch_blob(
         }
     }
     progress.fetched(index);
-    Ok(())
+    Ok(dest)
 }
 
 /// Whether `e` is a registry connection that broke (worth another try).
@@ -468,37 +421,88 @@ fn connection_lost(e: &anyhow::Error) -> bool {
     )
 }
 
-/// One try of [`fetch_blob`]: download into a temp file, then rename.
+/// Where one try of [`fetch_blob`] reports: the board (for the conversion
+/// following the download) and the layer's progress counter.
+struct BlobTarget<'a> {
+    board: &'a Board,
+    index: usize,
+    counter: &'a LayerProgress,
+}
+
+/// One try of [`fetch_blob`]: download into a temp file that the conversion
+/// may already read (see [`Board`]), then sync and rename.
 fn download_blob(
     store: &Store,
     client: &RegistryClient,
     image: &ImageRef,
     digest: &Digest,
     size: u64,
-    counter: &LayerProgress,
+    target: BlobTarget<'_>,
 ) -> Result<()> {
     let dest = store.blob_path(digest);
     let (tmp, file) = TempEntry::file(&store.tmp_dir(), &format!("blob-{}", digest.hex()))?;
-    let mut writer = BufWriter::with_capacity(1 << 20, file);
+    let file = Arc::new(file);
+    target.board.begin(target.index, Arc::clone(&file));
+    let mut writer = BufWriter::with_capacity(
+        1 << 20,
+        GrowingFile {
+            file: &file,
+            written: 0,
+            started_writeback: 0,
+            board: target.board,
+            index: target.index,
+        },
+    );
     client.fetch_blob(
         image,
         digest,
         Some(size),
         &mut Counted {
             inner: &mut writer,
-            counter,
+            counter: target.counter,
         },
     )?;
-    let file = writer
-        .into_inner()
-        .map_err(|e| e.into_error())
+    writer
+        .flush()
         .with_context(|| format!("cannot write {}", tmp.path().display()))?;
+    drop(writer);
+    target.board.complete(target.index);
     file.sync_all()
         .with_context(|| format!("cannot sync {}", tmp.path().display()))?;
     fs::rename(tmp.path(), &dest)
         .with_context(|| format!("cannot move {} to {}", tmp.path().display(), dest.display()))?;
     tmp.keep();
     Ok(())
+}
+
+/// Bytes written to a layer's temp file between two writeback starts.
+const WRITEBACK_CHUNK: u64 = 32 << 20;
+
+/// A blob's temp file: tells the board how far it has grown, and starts the
+/// disk writeback as it goes so that the final fsync finds little to do.
+struct GrowingFile<'a> {
+    file: &'a File,
+    written: u64,
+    started_writeback: u64,
+    board: &'a Board,
+    index: usize,
+}
+
+impl std::io::Write for GrowingFile<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = (&mut &*self.file).write(buf)?;
+        self.written += n as u64;
+        self.board.grew(self.index, self.written);
+        if self.written - self.started_writeback >= WRITEBACK_CHUNK {
+            start_writeback(self.file, self.started_writeback, self.written);
+            self.started_writeback = self.written;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// A writer that reports the bytes passing through to a layer's progress.

@@ -378,3 +378,56 @@ fn a_broken_layer_download_starts_again() {
     assert!(entries(&root.path().join("tmp")).is_empty());
     assert!(entries(&root.path().join("blobs/sha256")).is_empty());
 }
+
+#[test]
+fn a_layer_converted_while_it_downloads_survives_a_restart() {
+    if skip_without_tar2sqfs("a_layer_converted_while_it_downloads_survives_a_restart") {
+        return;
+    }
+    // Incompressible content, so the compressed layer is several MiB and the
+    // conversion reads the first part before the connection breaks.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let big: Vec<u8> = (0..6 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_mode(0o644);
+    h.set_size(big.len() as u64);
+    b.append_data(&mut h, "data/big", &big[..]).unwrap();
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(&b.into_inner().unwrap()).unwrap();
+    let layer = enc.finish().unwrap();
+    let layer_digest = Digest::of_bytes(&layer);
+
+    let reg = FakeRegistry::start(FakeAuth::None);
+    reg.push_image("ns/stream", "v1", vec![layer], &[]);
+    reg.state.lock().unwrap().truncate_blobs = vec![layer_digest.to_string()];
+    let root = tempfile::tempdir().unwrap();
+    let source = ImageSource::Registry(reference(&reg, "ns/stream:v1"));
+    let image = pull_image(root.path(), &source, &options(&reg)).unwrap();
+    assert_eq!(
+        reg.count(&format!("GET /v2/ns/stream/blobs/{layer_digest}")),
+        2
+    );
+    let out = std::process::Command::new("rdsquashfs")
+        .args(["-c", "/data/big"])
+        .arg(&image.squashfs)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stdout == big,
+        "the file in the image differs from the layer's"
+    );
+    assert!(entries(&root.path().join("tmp")).is_empty());
+}
