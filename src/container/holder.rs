@@ -142,16 +142,23 @@ fn build_unprivileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Re
     finish(channel, spec, &plan, &root, daemons)
 }
 
-/// Stage 1, privileged: a private mount namespace; the image on a loop
-/// device, mounted as squashfs; a tmpfs-backed overlay on top. Returns the
-/// overlay's path.
-fn mount_image_with_loop_device(spec: &ContainerSpec) -> anyhow::Result<PathBuf> {
+/// Enters a new mount namespace whose mounts are all private and returns
+/// the staging folder [`STAGING_DIR`] (created if missing) to mount into.
+pub(crate) fn enter_private_staging() -> anyhow::Result<&'static Path> {
     unshare(CloneFlags::CLONE_NEWNS)
         .context("cannot create a private mount namespace (unshare CLONE_NEWNS)")?;
     mounts::make_all_private()?;
     let staging = Path::new(STAGING_DIR);
     std::fs::create_dir_all(staging)
         .with_context(|| format!("cannot create {}", staging.display()))?;
+    Ok(staging)
+}
+
+/// Stage 1, privileged: a private mount namespace; the image on a loop
+/// device, mounted as squashfs; a tmpfs-backed overlay on top. Returns the
+/// overlay's path.
+fn mount_image_with_loop_device(spec: &ContainerSpec) -> anyhow::Result<PathBuf> {
+    let staging = enter_private_staging()?;
     let paths = prepare_staging(staging)?;
     {
         let device = LoopDevice::attach_read_only(&spec.squashfs)?;

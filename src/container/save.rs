@@ -17,10 +17,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
-use nix::sched::{unshare, CloneFlags};
 use serde::{Deserialize, Serialize};
 
-use crate::container::holder::STAGING_DIR;
+use crate::container::holder::enter_private_staging;
 use crate::container::loopdev::LoopDevice;
 use crate::container::mounts;
 use crate::image::squashfs::SquashfsOptions;
@@ -118,12 +117,7 @@ pub fn save(request: &SaveRequest) -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
         bail!("saving a container root needs root (the plugin runs it as root)");
     }
-    unshare(CloneFlags::CLONE_NEWNS)
-        .context("cannot create a private mount namespace (unshare CLONE_NEWNS)")?;
-    mounts::make_all_private()?;
-    let staging = Path::new(STAGING_DIR);
-    std::fs::create_dir_all(staging)
-        .with_context(|| format!("cannot create {}", staging.display()))?;
+    let staging = enter_private_staging()?;
     mounts::mount_tmpfs(staging)?;
     let lower = staging.join("lower");
     let root = staging.join("root");

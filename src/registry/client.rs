@@ -185,13 +185,7 @@ impl RegistryClient {
             image.repository
         );
         self.request("HEAD", image, &url, Some(MANIFEST_ACCEPT))
-            .map_err(|e| match e {
-                RegistryError::Http { status: 404, .. } => RegistryError::ManifestUnknown {
-                    image: image.to_string(),
-                    registry: image.registry.clone(),
-                },
-                e => e,
-            })?;
+            .map_err(|e| manifest_unknown_on_404(e, image))?;
         Ok(())
     }
 
@@ -218,13 +212,7 @@ impl RegistryClient {
         );
         let resp = self
             .get(image, &url, Some(MANIFEST_ACCEPT))
-            .map_err(|e| match e {
-                RegistryError::Http { status: 404, .. } => RegistryError::ManifestUnknown {
-                    image: image.to_string(),
-                    registry: image.registry.clone(),
-                },
-                e => e,
-            })?;
+            .map_err(|e| manifest_unknown_on_404(e, image))?;
         let media_type = resp
             .header("content-type")
             .map(|c| c.split(';').next().unwrap_or("").trim().to_string());
@@ -846,4 +834,14 @@ fn error_detail(resp: ureq::Response) -> String {
         .collect::<String>()
         .trim()
         .to_string()
+}
+/// A 404 for a manifest means the image (tag or digest) does not exist.
+fn manifest_unknown_on_404(e: RegistryError, image: &ImageRef) -> RegistryError {
+    match e {
+        RegistryError::Http { status: 404, .. } => RegistryError::ManifestUnknown {
+            image: image.to_string(),
+            registry: image.registry.clone(),
+        },
+        e => e,
+    }
 }

@@ -189,21 +189,8 @@ impl Spank {
             )
         };
         check(rc, "the step's command line")?;
-        if argv.is_null() {
-            return Ok(Vec::new());
-        }
-        Ok((0..argc.max(0) as usize)
-            .filter_map(|i| {
-                // SAFETY: Slurm returned `argc` entries at `argv`.
-                let arg = unsafe { *argv.add(i) };
-                // SAFETY: non-null entries are NUL-terminated strings.
-                (!arg.is_null()).then(|| {
-                    unsafe { CStr::from_ptr(arg) }
-                        .to_string_lossy()
-                        .into_owned()
-                })
-            })
-            .collect())
+        // SAFETY: Slurm returned `argc` C strings at `argv`.
+        Ok(unsafe { c_string_array(argc, argv) })
     }
 
     /// Reads a variable of the job environment (remote) or the process (local).
@@ -270,6 +257,28 @@ pub fn log_error(message: &str) {
     let message = to_c_message(&format!("berth: {message}"));
     // SAFETY: a "%s" format with one valid C string argument.
     unsafe { ffi::slurm_error(c"%s".as_ptr(), message.as_ptr()) }
+}
+
+/// Copies a C array of `argc` strings (null entries skipped).
+///
+/// # Safety
+/// `argv` must point to `argc` entries, each null or a NUL-terminated string.
+pub(crate) unsafe fn c_string_array(argc: c_int, argv: *mut *mut c_char) -> Vec<String> {
+    if argv.is_null() {
+        return Vec::new();
+    }
+    (0..argc.max(0) as usize)
+        .filter_map(|i| {
+            // SAFETY: within the `argc` entries the caller vouches for.
+            let arg = unsafe { *argv.add(i) };
+            // SAFETY: non-null entries are NUL-terminated strings.
+            (!arg.is_null()).then(|| {
+                unsafe { CStr::from_ptr(arg) }
+                    .to_string_lossy()
+                    .into_owned()
+            })
+        })
+        .collect()
 }
 
 /// Shows a message to the user (srun's or the batch job's standard error) at

@@ -1,7 +1,7 @@
 //! The symbols Slurm looks up in `spank_berth.so`, and the callbacks, each a
 //! short dispatch to `local` or `remote` by context.
 
-use std::ffi::{c_char, c_int, c_uint, CStr};
+use std::ffi::{c_char, c_int, c_uint};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
@@ -60,18 +60,8 @@ fn guard(callback: &str, body: impl FnOnce() -> Result<(), String>) -> c_int {
 }
 
 fn plugin_args(argc: c_int, argv: *mut *mut c_char) -> Vec<String> {
-    (0..argc.max(0) as usize)
-        .filter_map(|i| {
-            // SAFETY: Slurm passes argc valid C strings in argv.
-            let arg = unsafe { *argv.add(i) };
-            (!arg.is_null()).then(|| {
-                // SAFETY: non-null entries are NUL-terminated strings.
-                unsafe { CStr::from_ptr(arg) }
-                    .to_string_lossy()
-                    .into_owned()
-            })
-        })
-        .collect()
+    // SAFETY: Slurm passes argc valid C strings in argv.
+    unsafe { handle::c_string_array(argc, argv) }
 }
 
 /// Called first in every context: reads the configuration, registers options.

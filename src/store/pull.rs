@@ -85,8 +85,8 @@ pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Re
 
     let total: u64 = layers.iter().map(|l| l.size).sum();
     progress.say(format!(
-        "fetching and converting {} layers ({})",
-        layers.len(),
+        "fetching and converting {} ({})",
+        count(layers.len(), "layer"),
         mb(total)
     ));
     let sizes: Vec<(String, u64)> = layers.iter().map(|l| (l.digest.clone(), l.size)).collect();
@@ -108,8 +108,8 @@ pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Re
         eprintln!("berth: warning: {image}: {w}");
     }
     progress.say(format!(
-        "pulled {} layers ({}) into a {} squashfs ({} files) in {:.1} s",
-        layers.len(),
+        "pulled {} ({}) into a {} squashfs ({} files) in {:.1} s",
+        count(layers.len(), "layer"),
         mb(total),
         mb(stats.image_size),
         stats.paths,
@@ -152,6 +152,11 @@ pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Re
         .load(&digest)?
         .with_context(|| format!("image {digest} vanished from the store right after its pull"))?;
     Ok(with_reference(stored, &resolved))
+}
+
+/// "1 layer", "3 layers".
+fn count(n: usize, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
 }
 
 /// The stored image, with the reference the user asked for (pinned).
