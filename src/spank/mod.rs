@@ -5,7 +5,8 @@
 //! - `options`: the `--container-*` option table and the values a job gave;
 //! - `local`: srun/sbatch/salloc side (check options before anything is allocated);
 //! - `remote`: slurmstepd side (pull, create the container, join tasks to it);
-//! - `named_step`: slurmstepd side of `--container-name` (join, reuse or create).
+//! - `named_step`: slurmstepd side of `--container-name` (join, reuse or create);
+//! - `pull_output`: the pull helper's progress, forwarded to the user while it runs.
 //!
 //! This module must not contain container or registry logic of its own.
 
@@ -15,4 +16,5 @@ pub mod local;
 mod named_step;
 pub mod options;
 pub mod plugin;
+pub mod pull_output;
 pub mod remote;

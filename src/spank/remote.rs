@@ -17,6 +17,7 @@ use super::ffi;
 use super::handle::{self, Spank};
 use super::named_step::NamedUse;
 use super::options::{self, env_names, JobOptions};
+use super::pull_output;
 use crate::config::Config;
 use crate::container::entrypoint::EntrypointRun;
 use crate::container::save::{check_output, SaveRequest, SAVE_ARG};
@@ -519,6 +520,18 @@ fn pmi_binds(job_env: &[String]) -> Vec<MountSpec> {
     binds
 }
 
+/// Whether a helper line is progress (shown live), not part of an error.
+fn is_progress_line(line: &str) -> bool {
+    [
+        "berth: fetched ",
+        "berth: all ",
+        "berth: resolving ",
+        "berth: fetching ",
+    ]
+    .iter()
+    .any(|p| line.starts_with(p))
+}
+
 /// Pulls the image and takes a shared hold on it for the step. `berth gc` may
 /// remove an image between the pull and the hold: then pull once more.
 pub(super) fn pull_and_hold(
@@ -561,32 +574,36 @@ fn pull(config: &Config, store: &Path, image: &str) -> Result<StoredImage, Strin
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
     crate::privilege::run_as_full_root(&mut command);
-    let output = command.output().map_err(|e| {
+    let cannot_run = |e: std::io::Error| {
         format!(
             "cannot run the berth helper {}: {e} (check helper_path in plugstack.conf)",
             config.helper_path.display()
         )
-    })?;
+    };
+    let child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(cannot_run)?;
+    let node = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // Progress lines reach the user while the pull runs (one per node every
+    // few seconds), and the final "pulled" line when the image was fetched.
+    let output = pull_output::wait_forwarding(child, &format!("{node}: {image}"), |line| {
+        handle::log_user(line)
+    })
+    .map_err(cannot_run)?;
     if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
         // The helper's message already names the image and what to do.
-        let message = stderr.trim().trim_start_matches("error: ");
+        let message = output
+            .stderr
+            .lines()
+            .filter(|l| !is_progress_line(l))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let message = message.trim().trim_start_matches("error: ");
         return Err(message.to_string());
-    }
-    // One short line for the user when the image was fetched (not when cached).
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    if let Some(done) = stderr
-        .lines()
-        .rev()
-        .find(|l| l.starts_with("berth: pulled "))
-    {
-        let node = nix::unistd::gethostname()
-            .map(|h| h.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        handle::log_user(&format!(
-            "{node}: {image}: {}",
-            done.trim_start_matches("berth: ")
-        ));
     }
     serde_json::from_slice(&output.stdout)
         .map_err(|e| format!("the berth helper gave an unreadable answer for '{image}': {e}"))
