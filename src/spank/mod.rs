@@ -5,10 +5,12 @@
 //! - `options`: the `--container-*` option table and the values a job gave;
 //! - `local`: srun/sbatch/salloc side (check options before anything is allocated);
 //! - `remote`: slurmstepd side (pull, create the container, join tasks to it);
-//! - `named_step`: slurmstepd side of `--container-name` (join, reuse or create).
+//! - `named_step`: slurmstepd side of `--container-name` (join, reuse or create);
+//! - `fanout`: slurmstepd side of `fanout=sbcast` (send, receive, or fall back to a pull).
 //!
 //! This module must not contain container or registry logic of its own.
 
+mod fanout;
 pub mod ffi;
 pub mod handle;
 pub mod local;
