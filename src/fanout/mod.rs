@@ -59,9 +59,9 @@ pub struct SendRequest {
     pub sender: String,
     /// The image reference, as the step gave it.
     pub image: String,
-    /// The step's nodes, in Slurm's compressed form (`node[1-4]`).
-    pub nodes: String,
-    /// Slurm's configuration file, for `sbcast` and `scontrol`.
+    /// The step's node count (receivers are the indexes 1 to count - 1).
+    pub node_count: u32,
+    /// Slurm's configuration file, for `sbcast`.
     pub slurm_conf: Option<PathBuf>,
     /// What to send.
     pub what: SendWhat,
@@ -101,8 +101,8 @@ pub struct ReceiveRequest {
     pub step: u32,
     /// The job's user (who owns the files `sbcast` writes).
     pub user: JobUser,
-    /// This node's name (to find its credential).
-    pub node: String,
+    /// This node's index in the step (to find its credential).
+    pub node_id: u32,
     /// The image reference, as the step gave it.
     pub image: String,
     /// The manifest digest this node resolved and lacks.

@@ -109,7 +109,7 @@ fn wait_for_statement(
             file.read_to_string(&mut text)
                 .with_context(|| format!("cannot read {}", files.statement().display()))?;
             match serde_json::from_str::<SignedStatement>(&text) {
-                Ok(signed) => return signed.verify(&request.node),
+                Ok(signed) => return signed.verify(request.node_id),
                 Err(e) => {
                     // sbcast may still be writing it.
                     let seen = *first_seen.get_or_insert_with(Instant::now);

@@ -69,20 +69,21 @@ pub struct SquashfsOffer {
     pub manifest: String,
 }
 
-/// The file sent: the statement's JSON text and, per receiving node, a
-/// MUNGE credential whose payload is [`payload`] for that node.
+/// The file sent: the statement's JSON text and, per receiving node (by its
+/// index in the step, `SLURM_NODEID`), a MUNGE credential whose payload is
+/// [`payload`] for that node.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SignedStatement {
     /// The statement, as JSON text (hashed exactly as sent).
     pub statement: String,
-    /// Node name -> credential.
+    /// Node index in the step -> credential.
     pub credentials: BTreeMap<String, String>,
 }
 
-/// The payload of the credential for `node`: binds the node and the
-/// statement's exact text. One credential per node, because munged refuses
-/// to decode one credential twice (nodes may share a munged).
-pub fn payload(node: &str, statement_text: &str) -> String {
+/// The payload of the credential for node index `node`: binds the node and
+/// the statement's exact text. One credential per node, because munged
+/// refuses to decode one credential twice (nodes may share a munged).
+pub fn payload(node: u32, statement_text: &str) -> String {
     format!(
         "berth-fanout-{FORMAT} {node} {}",
         Digest::of_bytes(statement_text.as_bytes())
@@ -90,8 +91,9 @@ pub fn payload(node: &str, statement_text: &str) -> String {
 }
 
 impl SignedStatement {
-    /// Signs `statement` for each of `nodes` (as root: the credentials say uid 0).
-    pub fn sign(statement: &Statement, nodes: &[String]) -> Result<SignedStatement> {
+    /// Signs `statement` for each of the node indexes `nodes` (as root: the
+    /// credentials say uid 0).
+    pub fn sign(statement: &Statement, nodes: &[u32]) -> Result<SignedStatement> {
         let text = serde_json::to_string(statement)?;
         let chunk = nodes.len().div_ceil(PARALLEL_SIGNERS).max(1);
         let signed: Result<Vec<Vec<(String, String)>>> = thread::scope(|s| {
@@ -101,7 +103,9 @@ impl SignedStatement {
                     let text = &text;
                     s.spawn(move || {
                         part.iter()
-                            .map(|node| Ok((node.clone(), munge::encode(&payload(node, text))?)))
+                            .map(|node| {
+                                Ok((node.to_string(), munge::encode(&payload(*node, text))?))
+                            })
                             .collect::<Result<Vec<_>>>()
                     })
                 })
@@ -122,11 +126,11 @@ impl SignedStatement {
 
     /// The statement, once `node`'s credential decodes here with uid 0 and
     /// the payload for this node and this exact text.
-    pub fn verify(&self, node: &str) -> Result<Statement> {
+    pub fn verify(&self, node: u32) -> Result<Statement> {
         let credential = self
             .credentials
-            .get(node)
-            .with_context(|| format!("the statement has no credential for node {node}"))?;
+            .get(&node.to_string())
+            .with_context(|| format!("the statement has no credential for node index {node}"))?;
         let decoded = munge::decode(credential)?;
         check_decoded(&decoded, node, &self.statement)?;
         let statement: Statement =
@@ -142,7 +146,7 @@ impl SignedStatement {
 }
 
 /// Checks a decoded credential: made by root, for this node and text.
-fn check_decoded(decoded: &munge::Decoded, node: &str, text: &str) -> Result<()> {
+fn check_decoded(decoded: &munge::Decoded, node: u32, text: &str) -> Result<()> {
     if decoded.uid != 0 {
         bail!(
             "the statement's credential was made by uid {}, not by root",
@@ -164,15 +168,15 @@ mod tests {
         let text = r#"{"format":1}"#;
         let good = munge::Decoded {
             uid: 0,
-            payload: payload("node2", text),
+            payload: payload(2, text),
         };
-        check_decoded(&good, "node2", text).unwrap();
-        let e = check_decoded(&good, "node3", text).unwrap_err();
+        check_decoded(&good, 2, text).unwrap();
+        let e = check_decoded(&good, 3, text).unwrap_err();
         assert!(e.to_string().contains("another node"), "{e}");
-        let e = check_decoded(&good, "node2", r#"{"format":2}"#).unwrap_err();
+        let e = check_decoded(&good, 2, r#"{"format":2}"#).unwrap_err();
         assert!(e.to_string().contains("another statement"), "{e}");
         let user = munge::Decoded { uid: 1001, ..good };
-        let e = check_decoded(&user, "node2", text).unwrap_err();
+        let e = check_decoded(&user, 2, text).unwrap_err();
         assert!(e.to_string().contains("uid 1001"), "{e}");
     }
 

@@ -26,9 +26,9 @@ use crate::store::{ImageHold, StoredImage};
 pub(super) struct FanoutStep {
     /// This node's index in the step (0 sends).
     node_id: u32,
-    /// The step's nodes, compressed (`node[1-4]`).
-    nodes: String,
-    /// slurmd's `SLURM_CONF`, for `sbcast` and `scontrol`.
+    /// The step's node count.
+    node_count: u32,
+    /// slurmd's `SLURM_CONF`, for `sbcast`.
     slurm_conf: Option<PathBuf>,
 }
 
@@ -40,13 +40,9 @@ impl FanoutStep {
         if !config.fanout.applies_to(nodes) {
             return Ok(None);
         }
-        let Some(list) = spank.getenv("SLURM_STEP_NODELIST") else {
-            handle::log_info("fan-out off for this step: SLURM_STEP_NODELIST is not set");
-            return Ok(None);
-        };
         Ok(Some(FanoutStep {
             node_id: spank.node_id().map_err(|e| e.to_string())?,
-            nodes: list,
+            node_count: nodes,
             slurm_conf: std::env::var_os("SLURM_CONF").map(PathBuf::from),
         }))
     }
@@ -79,7 +75,7 @@ pub(super) fn pull_and_hold(
     if step.node_id == 0 {
         send_side(ctx, step, image, missing)
     } else {
-        receive_side(ctx, image, missing)
+        receive_side(ctx, step, image, missing)
     }
 }
 
@@ -130,6 +126,7 @@ fn send_side(
 /// Another node: wait for the first node's squashfs, else pull.
 fn receive_side(
     ctx: &StepContext,
+    step: &FanoutStep,
     image: &str,
     digest: String,
 ) -> Result<(StoredImage, Option<ImageHold>), String> {
@@ -140,7 +137,7 @@ fn receive_side(
         job: ctx.job,
         step: ctx.step,
         user: job_user(ctx),
-        node: ctx.node.clone(),
+        node_id: step.node_id,
         image: image.to_string(),
         manifest_digest: digest,
         intent_wait: ctx.config.fanout.intent_wait,
@@ -189,7 +186,7 @@ fn send(
         user: job_user(ctx),
         sender: ctx.node.clone(),
         image: image.to_string(),
-        nodes: step.nodes.clone(),
+        node_count: step.node_count,
         slurm_conf: step.slurm_conf.clone(),
         what,
     };
