@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{output_of, wait_for, Cluster, Submitter, TEST_USER};
+use common::{output_of, wait_for, Cluster, Submitter, BOTH, TEST_USER};
 
 const NODES: [&str; 4] = ["node1", "node2", "node3", "node4"];
 
@@ -133,17 +133,25 @@ fn assert_job_files_removed(cluster: &Cluster, job: &str) {
 const TASK: &str =
     "echo $(hostname) $BERTH_FANOUT; [ $SLURM_NODEID = 0 ] && echo job=$SLURM_JOB_ID; true";
 
-/// A new image on four nodes: the registry serves each blob once, the
-/// three other nodes get the squashfs from the first, all run it.
+/// A new image on four nodes, as the test user and as root: the registry
+/// serves each blob once, the three other nodes get the squashfs from the
+/// first, all run it.
 #[test]
 fn four_nodes_one_registry_pull() {
     let Some(cluster) = Cluster::get() else {
         return;
     };
-    let (image, repository, unique) = unique_image(&cluster, "once");
+    for who in BOTH {
+        one_pull_for(&cluster, who);
+    }
+}
+
+fn one_pull_for(cluster: &Cluster, who: Submitter) {
+    let name = format!("once-{}", format!("{who:?}").to_lowercase());
+    let (image, repository, unique) = unique_image(cluster, &name);
     let run = cluster
         .srun(
-            Submitter::User,
+            who,
             &[
                 "-p",
                 "wide",
@@ -156,7 +164,7 @@ fn four_nodes_one_registry_pull() {
         )
         .ok();
     assert_every_node_ran(&run.stdout, &unique);
-    let gets = blob_gets(&cluster, &repository);
+    let gets = blob_gets(cluster, &repository);
     assert!(!gets.is_empty(), "no blob requests logged for {repository}");
     for (blob, count) in &gets {
         assert_eq!(
@@ -180,7 +188,7 @@ fn four_nodes_one_registry_pull() {
         .find_map(|l| l.strip_prefix("job="))
         .expect("job id")
         .to_string();
-    assert_job_files_removed(&cluster, &job);
+    assert_job_files_removed(cluster, &job);
 }
 
 /// A fan-out squashfs the user swapped (node3) and a statement signed by
