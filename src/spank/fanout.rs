@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use super::handle::{self, Spank};
 use super::remote::{self, run_pull, PullAnswer, StepContext};
-use crate::config::Config;
+use crate::config::{Config, FanoutMode};
 use crate::fanout::{JobUser, ReceiveRequest, SendRequest, SendWhat, FANOUT_ARG};
 use crate::reference::ImageSource;
 use crate::store::{ImageHold, StoredImage};
@@ -36,6 +36,9 @@ impl FanoutStep {
     /// This node's part in the step's fan-out; `None` when the step does not
     /// fan out (`fanout=none`, fewer nodes than `fanout_min_nodes`).
     pub(super) fn of(spank: &Spank, config: &Config) -> Result<Option<FanoutStep>, String> {
+        if config.fanout.mode == FanoutMode::None {
+            return Ok(None);
+        }
         let nodes = spank.node_count().map_err(|e| e.to_string())?;
         if !config.fanout.applies_to(nodes) {
             return Ok(None);
