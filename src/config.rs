@@ -8,6 +8,7 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Default config file.
 pub const DEFAULT_CONFIG_FILE: &str = "/etc/berth/berth.conf";
@@ -58,6 +59,8 @@ pub struct Config {
     pub mirrors: Vec<(String, String)>,
     /// Retries of a failed registry request (`registry_retries=N`; `None`: the built-in 3).
     pub registry_retries: Option<u32>,
+    /// How a multi-node step spreads a newly pulled image to its nodes.
+    pub fanout: FanoutConfig,
 }
 
 /// How much the plugin logs (`log_level`). Each level includes the ones
@@ -135,6 +138,65 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// `fanout`: how a multi-node step spreads an image that its first node had
+/// to fetch (see docs/CONFIGURATION.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FanoutMode {
+    /// Every node pulls from the registry itself.
+    None,
+    /// The step's first node pulls, then sends the squashfs with `sbcast`.
+    Sbcast,
+}
+
+impl FanoutMode {
+    /// Parses `none` or `sbcast`.
+    pub fn parse(value: &str) -> Option<FanoutMode> {
+        match value {
+            "none" => Some(FanoutMode::None),
+            "sbcast" => Some(FanoutMode::Sbcast),
+            _ => None,
+        }
+    }
+}
+
+/// The fan-out settings (`fanout`, `fanout_min_nodes`, `fanout_wait`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FanoutConfig {
+    /// `fanout`: off (`none`, the default) or `sbcast`.
+    pub mode: FanoutMode,
+    /// `fanout_min_nodes`: steps on fewer nodes pull per node (default 4).
+    pub min_nodes: u32,
+    /// `fanout_wait`: how long a node without the image waits for the first
+    /// node's squashfs before it pulls from the registry itself (default 300 s).
+    pub wait: Duration,
+    /// `fanout_intent_wait`: how long such a node waits for the first node to
+    /// say that it fetches the image (default 10 s); without that word the
+    /// first node had the image, and the node pulls at once.
+    pub intent_wait: Duration,
+    /// `fanout_dir`: where `sbcast` writes on every node (the same path on
+    /// all nodes); default `STORE/fanout`.
+    pub dir: Option<PathBuf>,
+}
+
+impl Default for FanoutConfig {
+    fn default() -> Self {
+        FanoutConfig {
+            mode: FanoutMode::None,
+            min_nodes: 4,
+            wait: Duration::from_secs(300),
+            intent_wait: Duration::from_secs(10),
+            dir: None,
+        }
+    }
+}
+
+impl FanoutConfig {
+    /// Whether a step on `nodes` nodes fans out.
+    pub fn applies_to(&self, nodes: u32) -> bool {
+        self.mode == FanoutMode::Sbcast && nodes >= self.min_nodes
+    }
+}
+
 /// Every key the config file and plugstack line accept, for error messages.
 pub const KEYS: &[&str] = &[
     "config",
@@ -152,6 +214,11 @@ pub const KEYS: &[&str] = &[
     "cdi_spec_dirs",
     "mirrors",
     "registry_retries",
+    "fanout",
+    "fanout_min_nodes",
+    "fanout_wait",
+    "fanout_intent_wait",
+    "fanout_dir",
 ];
 
 impl Default for Config {
@@ -168,6 +235,7 @@ impl Default for Config {
             inject: InjectConfig::default(),
             mirrors: Vec::new(),
             registry_retries: None,
+            fanout: FanoutConfig::default(),
         }
     }
 }
@@ -202,7 +270,33 @@ impl Config {
         for (key, value) in &pairs {
             config.set(key, value, origin)?;
         }
+        config.check_fanout(origin)?;
         Ok(config)
+    }
+
+    /// Fan-out needs one path that is the same on every node: a `store_path`
+    /// with `%n` differs per node, so it then needs `fanout_dir`.
+    fn check_fanout(&self, origin: &str) -> Result<(), ConfigError> {
+        if self.fanout.mode == FanoutMode::Sbcast
+            && self.fanout.dir.is_none()
+            && self.store_path.to_string_lossy().contains("%n")
+        {
+            return Err(ConfigError {
+                origin: origin.to_string(),
+                message: "fanout=sbcast with a store_path containing %n needs fanout_dir=PATH \
+                          (sbcast writes the same path on every node; give a node-local folder)"
+                    .to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Where fan-out files go on this node: `fanout_dir`, else `STORE/fanout`.
+    pub fn fanout_dir(&self, node: &str) -> PathBuf {
+        match &self.fanout.dir {
+            Some(dir) => dir.clone(),
+            None => self.store_path_for_node(node).join("fanout"),
+        }
     }
 
     /// Builds the CLI's configuration: the config file (`BERTH_CONFIG` or the
@@ -321,6 +415,34 @@ impl Config {
                     ))
                 })?;
                 self.registry_retries = Some(n);
+            }
+            "fanout" => {
+                self.fanout.mode = FanoutMode::parse(value)
+                    .ok_or_else(|| err(format!("{key}={value}: expected `sbcast` or `none`")))?
+            }
+            "fanout_min_nodes" => {
+                self.fanout.min_nodes = value.parse().ok().filter(|n| *n >= 2).ok_or_else(|| {
+                    err(format!(
+                        "{key}={value}: expected a node count of at least 2"
+                    ))
+                })?
+            }
+            "fanout_dir" => self.fanout.dir = Some(absolute(value)?),
+            "fanout_wait" | "fanout_intent_wait" => {
+                let seconds: u64 = value
+                    .parse()
+                    .ok()
+                    .filter(|s| (1..=86_400).contains(s))
+                    .ok_or_else(|| {
+                        err(format!(
+                            "{key}={value}: expected a number of seconds from 1 to 86400"
+                        ))
+                    })?;
+                if key == "fanout_wait" {
+                    self.fanout.wait = Duration::from_secs(seconds);
+                } else {
+                    self.fanout.intent_wait = Duration::from_secs(seconds);
+                }
             }
             "container_scope" => match value {
                 "job" | "global" => self.container_scope = value.to_string(),
@@ -489,5 +611,41 @@ mod tests {
             assert_eq!(parse_bool(f), Some(false));
         }
         assert_eq!(parse_bool("maybe"), None);
+    }
+
+    #[test]
+    fn fanout_keys() {
+        let config = Config::from_plugstack_args(&[]).unwrap();
+        assert_eq!(config.fanout.mode, FanoutMode::None);
+        assert!(!config.fanout.applies_to(100));
+        let config = Config::from_plugstack_args(&args(&[
+            "fanout=sbcast",
+            "fanout_min_nodes=3",
+            "fanout_wait=20",
+            "fanout_intent_wait=3",
+        ]))
+        .unwrap();
+        assert_eq!(config.fanout.intent_wait, Duration::from_secs(3));
+        assert!(config.fanout.applies_to(3) && !config.fanout.applies_to(2));
+        assert_eq!(config.fanout.wait, Duration::from_secs(20));
+        let e =
+            Config::from_plugstack_args(&args(&["fanout=sbcast", "store_path=/s/%n"])).unwrap_err();
+        assert!(e.to_string().contains("needs fanout_dir"), "{e}");
+        let config = Config::from_plugstack_args(&args(&[
+            "fanout=sbcast",
+            "store_path=/s/%n",
+            "fanout_dir=/tmp/f",
+        ]))
+        .unwrap();
+        assert_eq!(config.fanout_dir("n1"), PathBuf::from("/tmp/f"));
+        for bad in [
+            "fanout=tree",
+            "fanout_min_nodes=1",
+            "fanout_wait=0",
+            "fanout_wait=x",
+        ] {
+            let e = Config::from_plugstack_args(&args(&[bad])).unwrap_err();
+            assert!(e.to_string().contains(bad), "{e}");
+        }
     }
 }

@@ -7,6 +7,7 @@
 pub mod config;
 pub mod container;
 pub mod doctor;
+pub mod fanout;
 pub mod image;
 pub mod inject;
 pub mod named;

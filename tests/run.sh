@@ -4,7 +4,7 @@
 # berth's test command (README, .ci/run). On a fresh Debian 12 machine it:
 #   1. installs what is missing (tests/harness/install-deps.sh),
 #   2. builds berth and installs it under a private prefix,
-#   3. starts a registry and a two-node Slurm cluster of its own
+#   3. starts a registry and a four-node Slurm cluster of its own
 #      (tests/harness; names from BERTH_TEST_NAME, default berthtest-ci),
 #      builds the test images (cached between runs) and pushes them,
 #   4. runs the unit tests, then the integration tests against the cluster
@@ -19,6 +19,9 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
 export BERTH_TEST_NAME=${BERTH_TEST_NAME:-berthtest-ci}
+# Four nodes: node1 and node2 form the default partition (the tests written
+# for two nodes), all four the partition `wide` (tests/cluster_fanout.rs).
+export BERTH_TEST_NODES=${BERTH_TEST_NODES:-4} BERTH_TEST_DEFAULT_NODES=${BERTH_TEST_DEFAULT_NODES:-2}
 # Built test images are cached here between runs (shared with demo.sh).
 export BERTH_TEST_CACHE_DIR=${BERTH_TEST_CACHE_DIR:-/var/cache/berth-test}
 # Tests must not pick up a cluster configuration from the caller.
@@ -54,7 +57,7 @@ trap teardown EXIT
 tests/harness/registry.sh up
 source tests/harness/lib.sh >/dev/null
 # One store per node (%n), as on a real cluster with node-local NVMe.
-export BERTH_PLUGSTACK_LINE="required $PREFIX/lib/slurm/spank_berth.so helper_path=$PREFIX/bin/berth store_path=$STATE/nodes/%n/berth-store runtime_path=/run/$BERTH_TEST_NAME/berth insecure_registries=$REGISTRY_ADDR,$TOKEN_REGISTRY_ADDR inject_dir=$STATE/inject.d"
+export BERTH_PLUGSTACK_LINE="required $PREFIX/lib/slurm/spank_berth.so helper_path=$PREFIX/bin/berth store_path=$STATE/nodes/%n/berth-store runtime_path=/run/$BERTH_TEST_NAME/berth insecure_registries=$REGISTRY_ADDR,$TOKEN_REGISTRY_ADDR inject_dir=$STATE/inject.d fanout=sbcast fanout_dir=/tmp/berth-fanout fanout_wait=60 fanout_intent_wait=5"
 tests/harness/cluster.sh up
 tests/harness/images.sh build
 tests/harness/images.sh push
@@ -68,7 +71,7 @@ cargo build --release --locked --examples
 cargo test --release --locked --no-run --test package --test cluster_leftovers
 cargo test --release --locked --no-fail-fast --lib --bins --test container_runtime --test container_join \
     --test store_cli --test cli --test cluster --test cluster_entry --test cluster_named --test umoci_equivalence --test fuzz_smoke --test security --test doctor \
-    --test cluster_mpi --test gpu_inject --test cluster_pull -- --test-threads=2
+    --test cluster_mpi --test gpu_inject --test cluster_pull --test cluster_fanout -- --test-threads=2
 log "Debian package: two versions, installed and upgraded under a running job (alone: it switches the drop-in)"
 debs=$STATE/debs
 rm -rf "$debs"

@@ -16,7 +16,10 @@ use berth::named::{check_name, NamedKey, NamedRoots, Scope};
 use berth::reference::ImageSource;
 use berth::registry::{RegistryOptions, RetryPolicy};
 use berth::store::units::{format_size, format_utc, parse_size};
-use berth::store::{pull_image, GcOptions, ProgressMode, PullOptions, RemoveOutcome, Store};
+use berth::store::{
+    pull_image, GcOptions, NotInStore, ProgressMode, PullOptions, RemoveOutcome, Store,
+    NOT_IN_STORE_EXIT,
+};
 
 #[derive(Parser)]
 #[command(
@@ -40,6 +43,10 @@ enum Commands {
         /// Print the stored image as JSON on stdout (used by the Slurm plugin).
         #[arg(long)]
         json: bool,
+        /// Download nothing: an image not in the store exits with code 3 (with
+        /// --json, `{"not_in_store":"sha256:..."}` on stdout).
+        #[arg(long)]
+        cached_only: bool,
     },
     /// Run a command inside an image.
     Run {
@@ -118,6 +125,13 @@ enum Commands {
     /// Internal: the container setup helper (spoken to over fd 3).
     #[command(name = "__holder", hide = true)]
     Holder,
+    /// Internal: fan-out of an image to a step's nodes (`send|receive JSON`).
+    #[command(name = "__fanout", hide = true)]
+    Fanout {
+        /// `send` or `receive`, then the request as JSON.
+        #[arg(num_args = 2)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Internal: the `--container-save` helper (one JSON argument).
     #[command(name = "__save", hide = true)]
     Save {
@@ -232,6 +246,7 @@ impl StoreArgs {
                 ..RegistryOptions::default()
             },
             progress,
+            cached_only: false,
         };
         Ok((root, options))
     }
@@ -270,16 +285,37 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Commands::Save { request } => {
             std::process::exit(berth::container::save::save_main(&[request]))
         }
+        Commands::Fanout { args } => std::process::exit(berth::fanout::fanout_main(&args)),
         Commands::Containers { action } => named_containers(action),
-        Commands::Pull { image, store, json } => {
+        Commands::Pull {
+            image,
+            store,
+            json,
+            cached_only,
+        } => {
             let config = Config::for_cli()?;
             let source = ImageSource::parse(&image)?;
             let (root, mut options) = store.resolve(&config)?;
             if json && store.progress == "auto" {
                 options.progress = ProgressMode::Off;
             }
-            let stored = pull_image(&root, &source, &options)
-                .with_context(|| format!("cannot pull {source}"))?;
+            options.cached_only = cached_only;
+            let stored = match pull_image(&root, &source, &options) {
+                Ok(stored) => stored,
+                Err(e) => match e.downcast_ref::<NotInStore>() {
+                    Some(missing) => {
+                        if json {
+                            let answer =
+                                serde_json::json!({ "not_in_store": missing.manifest_digest });
+                            println!("{answer}");
+                        } else {
+                            eprintln!("berth: {missing}");
+                        }
+                        return Ok(ExitCode::from(NOT_IN_STORE_EXIT));
+                    }
+                    None => return Err(e.context(format!("cannot pull {source}"))),
+                },
+            };
             if json {
                 println!("{}", serde_json::to_string(&stored)?);
             } else {

@@ -25,7 +25,7 @@
 //! `spawn` (the caller's side) and `join` (the [`Container`]).
 
 pub mod channel;
-mod creds;
+pub(crate) mod creds;
 pub mod entrypoint;
 pub mod env;
 pub mod etcfiles;

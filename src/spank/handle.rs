@@ -108,6 +108,16 @@ impl Spank {
         self.get_u32(ffi::spank_item::S_JOB_STEPID, "the step id")
     }
 
+    /// Number of nodes of this step (in slurmstepd).
+    pub fn node_count(&self) -> Result<u32, SpankError> {
+        self.get_u32(ffi::spank_item::S_JOB_NNODES, "the step's node count")
+    }
+
+    /// This node's index among the step's nodes (`SLURM_NODEID`).
+    pub fn node_id(&self) -> Result<u32, SpankError> {
+        self.get_u32(ffi::spank_item::S_JOB_NODEID, "this node's id in the step")
+    }
+
     /// Number of tasks of this step on this node.
     pub fn local_task_count(&self) -> Result<u32, SpankError> {
         self.get_u32(

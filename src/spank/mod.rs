@@ -6,10 +6,12 @@
 //! - `local`: srun/sbatch/salloc side (check options before anything is allocated);
 //! - `remote`: slurmstepd side (pull, create the container, join tasks to it);
 //! - `named_step`: slurmstepd side of `--container-name` (join, reuse or create);
-//! - `pull_output`: the pull helper's progress, forwarded to the user while it runs.
+//! - `pull_output`: the pull helper's progress, forwarded to the user while it runs;
+//! - `fanout`: slurmstepd side of `fanout=sbcast` (send, receive, or fall back to a pull).
 //!
 //! This module must not contain container or registry logic of its own.
 
+mod fanout;
 pub mod ffi;
 pub mod handle;
 pub mod local;

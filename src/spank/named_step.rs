@@ -223,5 +223,7 @@ pub(super) fn job_epilog(spank: &super::handle::Spank, config: &Config) -> Resul
             "job {job}: removed its named containers on {node}"
         ));
     }
+    crate::fanout::remove_job(&config.fanout_dir(&node), job)
+        .map_err(|e| format!("cannot remove the fan-out files of job {job}: {e:#}"))?;
     Ok(())
 }

@@ -161,7 +161,7 @@ pub extern "C" fn slurm_spank_task_exit(
 }
 
 /// slurmd's epilog on each node of a job (root): removes the job's named
-/// containers (scope `job`).
+/// containers (scope `job`) and its fan-out files.
 #[no_mangle]
 pub extern "C" fn slurm_spank_job_epilog(
     sp: ffi::spank_t,

@@ -69,6 +69,8 @@ pub(super) struct StepContext<'a> {
     pub(super) save_to: Option<PathBuf>,
     /// The batch step's script, bound read-only at its own path.
     pub(super) batch_script: Option<MountSpec>,
+    /// This step's place in a fan-out, when the image may come from its first node.
+    pub(super) fanout: Option<super::fanout::FanoutStep>,
 }
 
 /// Why `user_init` could not make the container. Slurm 22.05's srun exits 0
@@ -161,9 +163,11 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
     } else {
         None
     };
+    let fanout = super::fanout::FanoutStep::of(spank, config)?;
     let ctx = StepContext {
         config,
         batch_script,
+        fanout,
         store: config.store_path_for_node(&node),
         node,
         job,
@@ -200,7 +204,7 @@ fn start_unnamed(ctx: &StepContext) -> Result<(StepContainer, String), String> {
         ctx.step,
         ctx.store.display()
     ));
-    let (stored, image_hold) = with_root(|| pull_and_hold(ctx.config, &ctx.store, &image))?;
+    let (stored, image_hold) = with_root(|| super::fanout::pull_and_hold(ctx, &image))?;
     let mut spec = build_spec(ctx, &stored)?;
     let mut save = None;
     if let Some(output) = &ctx.save_to {
@@ -539,7 +543,18 @@ pub(super) fn pull_and_hold(
     store: &Path,
     image: &str,
 ) -> Result<(StoredImage, Option<ImageHold>), String> {
-    let mut stored = pull(config, store, image)?;
+    let stored = pull(config, store, image)?;
+    hold(config, store, image, stored)
+}
+
+/// Takes a shared hold on a pulled image for the step; pulls once more when
+/// `berth gc` removed it in between.
+pub(super) fn hold(
+    config: &Config,
+    store: &Path,
+    image: &str,
+    mut stored: StoredImage,
+) -> Result<(StoredImage, Option<ImageHold>), String> {
     if stored.manifest_digest.is_none() {
         return Ok((stored, None)); // a squashfs file given by path, not in the store
     }
@@ -556,8 +571,36 @@ pub(super) fn pull_and_hold(
 
 /// Runs `berth pull --json` (as root, into the node store) and reads its answer.
 fn pull(config: &Config, store: &Path, image: &str) -> Result<StoredImage, String> {
+    match run_pull(config, store, image, false)? {
+        PullAnswer::Stored(stored) => Ok(*stored),
+        PullAnswer::NotInStore(digest) => Err(format!(
+            "the berth helper did not pull '{image}' ({digest}) into the store"
+        )),
+    }
+}
+
+/// What the pull helper answered.
+pub(super) enum PullAnswer {
+    /// The image, in the store.
+    Stored(Box<StoredImage>),
+    /// `cached_only`: not in the store; its manifest digest.
+    NotInStore(String),
+}
+
+/// Runs `berth pull --json` (as root, into the node store); with
+/// `cached_only`, only looks in the store (after asking the registry for
+/// the manifest, as every pull does).
+pub(super) fn run_pull(
+    config: &Config,
+    store: &Path,
+    image: &str,
+    cached_only: bool,
+) -> Result<PullAnswer, String> {
     let mut command = Command::new(&config.helper_path);
     command.arg("pull").arg("--json").arg("--store").arg(store);
+    if cached_only {
+        command.arg("--cached-only");
+    }
     for registry in &config.insecure_registries {
         command.arg("--insecure-registry").arg(registry);
     }
@@ -594,6 +637,9 @@ fn pull(config: &Config, store: &Path, image: &str) -> Result<StoredImage, Strin
         handle::log_user(line)
     })
     .map_err(cannot_run)?;
+    if cached_only && output.status.code() == Some(crate::store::NOT_IN_STORE_EXIT.into()) {
+        return super::fanout::not_in_store(&output.stdout, image).map(PullAnswer::NotInStore);
+    }
     if !output.status.success() {
         // The helper's message already names the image and what to do.
         let message = output
@@ -606,6 +652,7 @@ fn pull(config: &Config, store: &Path, image: &str) -> Result<StoredImage, Strin
         return Err(message.to_string());
     }
     serde_json::from_slice(&output.stdout)
+        .map(|stored| PullAnswer::Stored(Box::new(stored)))
         .map_err(|e| format!("the berth helper gave an unreadable answer for '{image}': {e}"))
 }
 

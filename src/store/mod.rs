@@ -35,6 +35,7 @@ mod catalog;
 pub(crate) mod fsutil;
 mod gc;
 mod hold;
+mod import;
 mod inspect;
 pub mod progress;
 mod pull;
@@ -57,6 +58,7 @@ pub use catalog::ImageEntry;
 pub use fsutil::FileLock;
 pub use gc::{GcOptions, GcReport, Removed};
 pub use hold::ImageHold;
+pub use import::{FanoutSource, ImportRequest};
 pub use inspect::{ConfigDetails, ImageDetails, LayerDetails};
 pub use progress::ProgressMode;
 pub use remove::{BlobSweep, RemoveOutcome};
@@ -92,7 +94,35 @@ pub struct PullOptions {
     pub registry: RegistryOptions,
     /// How to show progress on stderr.
     pub progress: ProgressMode,
+    /// Only look: an image not in the store is [`NotInStore`], nothing is
+    /// downloaded (the fan-out receivers ask this first).
+    pub cached_only: bool,
 }
+
+/// Exit code of `berth pull --cached-only` for an image not in the store.
+pub const NOT_IN_STORE_EXIT: u8 = 3;
+
+/// A pull with [`PullOptions::cached_only`] found the image's manifest in the
+/// registry but not the image in the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotInStore {
+    /// The reference asked for.
+    pub image: String,
+    /// Its manifest digest for this platform.
+    pub manifest_digest: String,
+}
+
+impl std::fmt::Display for NotInStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({}) is not in the store, and only the store was asked",
+            self.image, self.manifest_digest
+        )
+    }
+}
+
+impl std::error::Error for NotInStore {}
 
 /// `meta.json` of a stored image.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

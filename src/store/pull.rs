@@ -57,6 +57,13 @@ pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Re
         touch_last_used(&store.image_dir(&digest));
         return Ok(with_reference(found, &resolved));
     }
+    if options.cached_only {
+        return Err(super::NotInStore {
+            image: image.to_string(),
+            manifest_digest: digest.to_string(),
+        }
+        .into());
+    }
 
     let lock_path = store.locks_dir().join(format!("{}.lock", digest.hex()));
     let _lock = FileLock::exclusive(&lock_path, || {
@@ -530,7 +537,7 @@ impl<W: std::io::Write> std::io::Write for Counted<'_, W> {
 
 /// Renames the staged image directory into `images/`, replacing an image made
 /// by another converter version.
-fn publish(store: &Store, staging: TempEntry, digest: &Digest) -> Result<()> {
+pub(super) fn publish(store: &Store, staging: TempEntry, digest: &Digest) -> Result<()> {
     let dest = store.image_dir(digest);
     if dest.exists() {
         // An older conversion (the lock is held, and load() refused it): move it

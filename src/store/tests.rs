@@ -38,6 +38,7 @@ pub(super) fn options(reg: &FakeRegistry) -> PullOptions {
             ..RegistryOptions::default()
         },
         progress: ProgressMode::Off,
+        cached_only: false,
     }
 }
 
@@ -262,6 +263,7 @@ fn real_registry_pull() {
             ..RegistryOptions::default()
         },
         progress: ProgressMode::Lines,
+        cached_only: false,
     };
     let start = std::time::Instant::now();
     let img = pull_image(Path::new(&store), &ImageSource::Registry(r), &options).unwrap();
@@ -430,4 +432,26 @@ fn a_layer_converted_while_it_downloads_survives_a_restart() {
         "the file in the image differs from the layer's"
     );
     assert!(entries(&root.path().join("tmp")).is_empty());
+}
+
+#[test]
+fn cached_only_downloads_nothing_and_names_the_digest() {
+    if skip_without_tar2sqfs("cached_only_downloads_nothing_and_names_the_digest") {
+        return;
+    }
+    let reg = FakeRegistry::start(FakeAuth::Bearer { login: None });
+    let digest = reg.push_image("ns/c", "v1", vec![gz_layer(&[("a", "1")])], &[]);
+    let root = tempfile::tempdir().unwrap();
+    let source = ImageSource::Registry(reference(&reg, "ns/c:v1"));
+    let look = PullOptions {
+        cached_only: true,
+        ..options(&reg)
+    };
+    let e = pull_image(root.path(), &source, &look).unwrap_err();
+    let missing = e.downcast_ref::<super::NotInStore>().expect("NotInStore");
+    assert_eq!(missing.manifest_digest, digest.as_str());
+    assert_eq!(reg.count("GET /v2/ns/c/blobs/"), 0, "nothing downloaded");
+    let pulled = pull_image(root.path(), &source, &options(&reg)).unwrap();
+    let found = pull_image(root.path(), &source, &look).unwrap();
+    assert_eq!(found.squashfs, pulled.squashfs);
 }

@@ -127,7 +127,12 @@ EOF
             printf 'NodeName=%s NodeAddr=%s NodeHostname=%s CPUs=4 State=UNKNOWN\n' \
                 "$(node_name "$i")" "$(node_ip "$i")" "$(node_name "$i")"
         done
-        printf 'PartitionName=debug Nodes=%s Default=YES MaxTime=INFINITE State=UP\n' "$nodelist"
+        local default_list="" j
+        for ((j = 1; j <= DEFAULT_NODES; j++)); do
+            default_list+=${default_list:+,}$(node_name "$j")
+        done
+        printf 'PartitionName=debug Nodes=%s Default=YES MaxTime=INFINITE State=UP\n' "$default_list"
+        printf 'PartitionName=wide Nodes=%s MaxTime=INFINITE State=UP\n' "$nodelist"
     } >"$SLURM_CONF_FILE"
 
     # Bind-mounted over /etc/hosts inside the controller's and the nodes'
@@ -219,7 +224,7 @@ wait_idle() {
     local deadline=$((SECONDS + WAIT_IDLE_S)) states idle
     while :; do
         states=$(SLURM_CONF=$SLURM_CONF_FILE sinfo -h -N -o '%N %t' 2>/dev/null || true)
-        idle=$(awk '$2 == "idle" {n++} END {print n + 0}' <<<"$states")
+        idle=$(awk '$2 == "idle" && !seen[$1]++ {n++} END {print n + 0}' <<<"$states")
         if ((idle == NODES)); then
             log "all $NODES nodes idle"
             return

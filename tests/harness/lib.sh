@@ -9,6 +9,8 @@
 # Environment (all optional):
 #   BERTH_TEST_NAME               instance name (default berthtest)
 #   BERTH_TEST_NODES              number of slurmd nodes (default 2, at most 50)
+#   BERTH_TEST_DEFAULT_NODES      how many of them form the default partition
+#                                 (default all; all are in partition `wide`)
 #   BERTH_TEST_SUBNET             first three octets of the /24 (default 10.77.0)
 #   BERTH_TEST_SLOT               0..3 (default 0): which /26 of that /24 this
 #                                 instance uses, so that up to four instances
@@ -33,6 +35,15 @@ fi
 NODES=${BERTH_TEST_NODES:-2}
 if [[ ! $NODES =~ ^[1-9][0-9]?$ ]] || ((NODES > 50)); then
     echo "BERTH_TEST_NODES must be 1..50 (got '$NODES')" >&2
+    exit 2
+fi
+
+# Nodes in the default partition `debug` (the first ones); all nodes are in
+# the partition `wide`. Tests written for two nodes keep landing on node1 and
+# node2 when the cluster has more (the fan-out tests use `-p wide -N4`).
+DEFAULT_NODES=${BERTH_TEST_DEFAULT_NODES:-$NODES}
+if [[ ! $DEFAULT_NODES =~ ^[1-9][0-9]?$ ]] || ((DEFAULT_NODES > NODES)); then
+    echo "BERTH_TEST_DEFAULT_NODES must be 1..BERTH_TEST_NODES (got '$DEFAULT_NODES')" >&2
     exit 2
 fi
 
@@ -196,6 +207,7 @@ print_env() {
     cat <<EOF
 export BERTH_TEST_NAME=$NAME
 export BERTH_TEST_NODES=$NODES
+export BERTH_TEST_DEFAULT_NODES=$DEFAULT_NODES
 export SLURM_CONF=$SLURM_CONF_FILE
 export BERTH_TEST_STATE_DIR=$STATE_DIR
 export BERTH_TEST_WORKDIR=$WORK_DIR

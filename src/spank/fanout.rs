@@ -1,0 +1,230 @@
+//! slurmstepd's side of fan-out (`fanout=sbcast`, see [`crate::fanout`]):
+//! which role this node plays in a step, and the fall back to an ordinary
+//! registry pull whenever the fan-out does not deliver.
+//!
+//! Every node first asks its own store (`berth pull --cached-only`: one
+//! manifest request, as any pull by tag makes): a node that has the image
+//! starts at once, whatever the others do. A first node (`SLURM_NODEID` 0)
+//! that lacks it says so to the others (the intent), pulls, and sends the
+//! squashfs; the other nodes that lack it wait for that, bounded by
+//! `fanout_intent_wait` (no intent: the first node had the image) and
+//! `fanout_wait`.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use super::handle::{self, Spank};
+use super::remote::{self, run_pull, PullAnswer, StepContext};
+use crate::config::{Config, FanoutMode};
+use crate::fanout::{JobUser, ReceiveRequest, SendRequest, SendWhat, FANOUT_ARG};
+use crate::reference::ImageSource;
+use crate::store::{ImageHold, StoredImage};
+
+/// A step that fans out, as seen from this node.
+#[derive(Debug, Clone)]
+pub(super) struct FanoutStep {
+    /// This node's index in the step (0 sends).
+    node_id: u32,
+    /// The step's node count.
+    node_count: u32,
+    /// slurmd's `SLURM_CONF`, for `sbcast`.
+    slurm_conf: Option<PathBuf>,
+}
+
+impl FanoutStep {
+    /// This node's part in the step's fan-out; `None` when the step does not
+    /// fan out (`fanout=none`, fewer nodes than `fanout_min_nodes`).
+    pub(super) fn of(spank: &Spank, config: &Config) -> Result<Option<FanoutStep>, String> {
+        if config.fanout.mode == FanoutMode::None {
+            return Ok(None);
+        }
+        let nodes = spank.node_count().map_err(|e| e.to_string())?;
+        if !config.fanout.applies_to(nodes) {
+            return Ok(None);
+        }
+        Ok(Some(FanoutStep {
+            node_id: spank.node_id().map_err(|e| e.to_string())?,
+            node_count: nodes,
+            slurm_conf: std::env::var_os("SLURM_CONF").map(PathBuf::from),
+        }))
+    }
+}
+
+/// Reads `berth pull --cached-only --json`'s answer for an image not in the store.
+pub(super) fn not_in_store(stdout: &[u8], image: &str) -> Result<String, String> {
+    let answer: serde_json::Value = serde_json::from_slice(stdout)
+        .map_err(|e| format!("the berth helper gave an unreadable answer for '{image}': {e}"))?;
+    answer["not_in_store"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| format!("the berth helper gave an unreadable answer for '{image}'"))
+}
+
+/// Pulls the step's image (fanning it out when the step does) and holds it.
+pub(super) fn pull_and_hold(
+    ctx: &StepContext,
+    image: &str,
+) -> Result<(StoredImage, Option<ImageHold>), String> {
+    let (config, store) = (ctx.config, ctx.store.as_path());
+    let step = match &ctx.fanout {
+        Some(step) if matches!(ImageSource::parse(image), Ok(ImageSource::Registry(_))) => step,
+        _ => return remote::pull_and_hold(config, store, image),
+    };
+    let missing = match run_pull(config, store, image, true)? {
+        PullAnswer::Stored(stored) => return remote::hold(config, store, image, *stored),
+        PullAnswer::NotInStore(digest) => digest,
+    };
+    if step.node_id == 0 {
+        send_side(ctx, step, image, missing)
+    } else {
+        receive_side(ctx, step, image, missing)
+    }
+}
+
+/// The first node: announce, pull, send (or say that nothing comes).
+fn send_side(
+    ctx: &StepContext,
+    step: &FanoutStep,
+    image: &str,
+    digest: String,
+) -> Result<(StoredImage, Option<ImageHold>), String> {
+    if let Err(e) = send(
+        ctx,
+        step,
+        image,
+        SendWhat::Intent {
+            manifest_digest: digest,
+        },
+    ) {
+        handle::log_info(&format!("fan-out: cannot announce the pull: {e}"));
+    }
+    match remote::pull_and_hold(ctx.config, &ctx.store, image) {
+        Ok((stored, hold)) => {
+            let what = SendWhat::Image {
+                manifest_digest: stored.manifest_digest.clone().unwrap_or_default(),
+            };
+            match send(ctx, step, image, what) {
+                Ok(report) => handle::log_info(&format!("{}: fan-out: {report}", ctx.node)),
+                Err(e) => handle::log_user(&format!(
+                    "{}: fan-out: could not send {image} to the step's nodes (they pull it \
+                     themselves): {e}",
+                    ctx.node
+                )),
+            }
+            Ok((stored, hold))
+        }
+        Err(error) => {
+            let what = SendWhat::Nothing {
+                reason: format!("its pull failed: {error}"),
+            };
+            if let Err(e) = send(ctx, step, image, what) {
+                handle::log_info(&format!("fan-out: cannot tell the others: {e}"));
+            }
+            Err(error)
+        }
+    }
+}
+
+/// Another node: wait for the first node's squashfs, else pull.
+fn receive_side(
+    ctx: &StepContext,
+    step: &FanoutStep,
+    image: &str,
+    digest: String,
+) -> Result<(StoredImage, Option<ImageHold>), String> {
+    let started = Instant::now();
+    let request = ReceiveRequest {
+        store: ctx.store.clone(),
+        fanout_dir: ctx.config.fanout_dir(&ctx.node),
+        job: ctx.job,
+        step: ctx.step,
+        user: job_user(ctx),
+        node_id: step.node_id,
+        image: image.to_string(),
+        manifest_digest: digest,
+        intent_wait: ctx.config.fanout.intent_wait,
+        wait: ctx.config.fanout.wait,
+    };
+    match run_helper("receive", &request, ctx.config) {
+        Ok(stdout) => {
+            let stored: StoredImage = serde_json::from_str(&stdout)
+                .map_err(|e| format!("the fan-out helper gave an unreadable answer: {e}"))?;
+            handle::log_user(&format!(
+                "{}: {image}: received from the step's first node in {:.1} s",
+                ctx.node,
+                started.elapsed().as_secs_f64()
+            ));
+            remote::hold(ctx.config, &ctx.store, image, stored)
+        }
+        Err(reason) => {
+            handle::log_user(&format!(
+                "{}: fan-out: {reason}; pulling {image} from the registry",
+                ctx.node
+            ));
+            remote::pull_and_hold(ctx.config, &ctx.store, image)
+        }
+    }
+}
+
+fn job_user(ctx: &StepContext) -> JobUser {
+    JobUser {
+        uid: ctx.user.uid,
+        gid: ctx.user.gid,
+    }
+}
+
+/// Runs the send helper; its report on success.
+fn send(
+    ctx: &StepContext,
+    step: &FanoutStep,
+    image: &str,
+    what: SendWhat,
+) -> Result<String, String> {
+    let request = SendRequest {
+        store: ctx.store.clone(),
+        fanout_dir: ctx.config.fanout_dir(&ctx.node),
+        job: ctx.job,
+        step: ctx.step,
+        user: job_user(ctx),
+        sender: ctx.node.clone(),
+        image: image.to_string(),
+        node_count: step.node_count,
+        slurm_conf: step.slurm_conf.clone(),
+        what,
+    };
+    run_helper("send", &request, ctx.config)
+}
+
+/// Runs `berth __fanout VERB JSON` as full root: its stdout (receive) or
+/// its stderr (send's report) on success, its stderr as the error.
+fn run_helper(
+    verb: &str,
+    request: &impl serde::Serialize,
+    config: &Config,
+) -> Result<String, String> {
+    let json = serde_json::to_string(request).map_err(|e| e.to_string())?;
+    let mut command = Command::new(&config.helper_path);
+    command
+        .arg(FANOUT_ARG)
+        .arg(verb)
+        .arg(json)
+        .stdin(Stdio::null())
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+    crate::privilege::run_as_full_root(&mut command);
+    let output = command.output().map_err(|e| {
+        format!(
+            "cannot run the berth helper {}: {e}",
+            config.helper_path.display()
+        )
+    })?;
+    let stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
+    if !output.status.success() {
+        return Err(stderr);
+    }
+    Ok(match verb {
+        "receive" => String::from_utf8_lossy(&output.stdout).into_owned(),
+        _ => stderr,
+    })
+}
