@@ -137,14 +137,7 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
     let job = spank.job_id().map_err(|e| e.to_string())?;
     handle::log_debug(&format!("job {job} step {step}: options {options:?}"));
 
-    let node = spank
-        .getenv("SLURMD_NODENAME")
-        .or_else(|| {
-            nix::unistd::gethostname()
-                .ok()
-                .map(|h| h.to_string_lossy().into_owned())
-        })
-        .unwrap_or_default();
+    let node = node_name(spank);
     let uid = spank.uid().map_err(|e| e.to_string())?;
     let gid = spank.gid().map_err(|e| e.to_string())?;
     let mut user = UserIdentity::lookup(uid, gid)
@@ -480,7 +473,7 @@ fn save_root(spank: &Spank, request: &SaveRequest) -> Result<(), String> {
             helper.display()
         )
     })?;
-    let node = spank.getenv("SLURMD_NODENAME").unwrap_or_default();
+    let node = node_name(spank);
     if !output.status.success() {
         return Err(format!(
             "--container-save: could not save the container to {} on {node}: {}",
@@ -522,6 +515,21 @@ fn pmi_binds(job_env: &[String]) -> Vec<MountSpec> {
         });
     }
     binds
+}
+
+/// This node's name, for `%n` in `store_path` and for messages: the host's
+/// short name. Not `SLURMD_NODENAME` from the job environment: before the
+/// tasks start it is whatever the submitting process had, e.g. the batch
+/// node's name in every step an sbatch script launches.
+fn node_name(spank: &Spank) -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    match host.split('.').next() {
+        Some(short) if !short.is_empty() => short.to_string(),
+        _ => spank.getenv("SLURMD_NODENAME").unwrap_or_default(),
+    }
 }
 
 /// Whether a helper line is progress (shown live), not part of an error.
