@@ -68,6 +68,8 @@ pub(super) struct StepContext<'a> {
     pub(super) save_to: Option<PathBuf>,
     /// The batch step's script, bound read-only at its own path.
     pub(super) batch_script: Option<MountSpec>,
+    /// `srun -v`: show this node's setup timings to the user.
+    pub(super) verbose: bool,
 }
 
 /// Why `user_init` could not make the container. Slurm 22.05's srun exits 0
@@ -125,7 +127,11 @@ pub fn user_init(spank: &Spank, config: &Config) -> Result<(), String> {
 }
 
 fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
-    let options = options::current();
+    let mut options = options::current();
+    if let Some(image) = options.image.take() {
+        let pin = spank.getenv(super::resolve::PIN_VARIABLE);
+        options.image = Some(super::resolve::for_step(&image, pin.as_deref()));
+    }
     let step = spank.step_id().map_err(|e| e.to_string())?;
     if !wants_container(step, &options, config) {
         return Ok(());
@@ -171,7 +177,11 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
         job_env: spank.job_env().map_err(|e| e.to_string())?,
         save_to,
         options,
+        verbose: super::timings::step_is_verbose(spank.getenv("SRUN_DEBUG").as_deref()),
     };
+    if ctx.verbose {
+        super::timings::report_join_as(&ctx.node);
+    }
     let (step_container, what) = match &ctx.options.name {
         Some(value) => {
             let name = ContainerName::parse(value)
@@ -199,7 +209,9 @@ fn start_unnamed(ctx: &StepContext) -> Result<(StepContainer, String), String> {
         ctx.step,
         ctx.store.display()
     ));
+    let pull_started = Instant::now();
     let (stored, image_hold) = with_root(|| pull_and_hold(ctx.config, &ctx.store, &image))?;
+    let pulled = pull_started.elapsed();
     let mut spec = build_spec(ctx, &stored)?;
     let mut save = None;
     if let Some(output) = &ctx.save_to {
@@ -213,8 +225,22 @@ fn start_unnamed(ctx: &StepContext) -> Result<(StepContainer, String), String> {
         });
     }
     // spawn_holder takes root for the mounts and the id maps itself.
+    let mount_started = Instant::now();
     let container = spawn_holder(&ctx.config.helper_path, &spec, Mode::Privileged)
         .map_err(|e| format!("cannot start the container for image '{image}': {e:#}"))?;
+    if ctx.verbose {
+        let shown = stored
+            .reference
+            .as_ref()
+            .map_or_else(|| image.clone(), ToString::to_string);
+        handle::log_user(&super::timings::setup_line(
+            &ctx.node,
+            &shown,
+            super::timings::take_lookup(),
+            pulled,
+            mount_started.elapsed(),
+        ));
+    }
     report_entrypoint(ctx, &container);
     let step = StepContainer {
         container,
@@ -361,9 +387,15 @@ pub fn task_init(spank: &Spank) -> Result<(), String> {
     let Some(step) = guard.as_ref() else {
         return Ok(());
     };
+    let join_started = Instant::now();
     step.container
         .join()
         .map_err(|e| format!("cannot enter the container: {e:#}"))?;
+    if let Some(node) = super::timings::join_report() {
+        if spank.local_task_id().is_ok_and(|id| id == 0) {
+            handle::log_user(&super::timings::join_line(&node, join_started.elapsed()));
+        }
+    }
     let keeps =
         |name: &str| step.keep_job_env.iter().any(|n| n == name) && spank.getenv(name).is_some();
     for (name, value) in step.container.env(std::iter::empty()) {
@@ -575,6 +607,7 @@ fn pull(config: &Config, store: &Path, image: &str) -> Result<StoredImage, Strin
     }
     // One short line for the user when the image was fetched (not when cached).
     let stderr = String::from_utf8_lossy(&output.stderr);
+    super::timings::record_helper_output(&stderr);
     if let Some(done) = stderr
         .lines()
         .rev()

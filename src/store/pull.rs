@@ -43,12 +43,21 @@ pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Re
     let started = std::time::Instant::now();
     let progress = Progress::new(options.progress);
     let client = RegistryClient::new(&options.registry);
+    // For `srun -v`'s per-node timings (spank::timings reads this line).
+    let looked_up = || {
+        progress.say(format!(
+            "looked up {image} in {} ms",
+            started.elapsed().as_millis()
+        ))
+    };
     if let Some(found) = pinned_in_store(store, &client, image, &progress)? {
+        looked_up();
         return Ok(found);
     }
     progress.say(format!("resolving {image}"));
     let resolved = client.resolve(image, &Platform::current())?;
     let digest = resolved.manifest_digest.clone();
+    looked_up();
     if let Some(found) = store.load(&digest)? {
         progress.say(format!("{image} ({digest}) is already in the store"));
         touch_last_used(&store.image_dir(&digest));
