@@ -58,6 +58,9 @@ pub(super) struct StepContext<'a> {
     pub(super) config: &'a Config,
     pub(super) options: JobOptions,
     pub(super) store: PathBuf,
+    /// Where this node's own state lives (named containers, save scratch):
+    /// the store, or its `nodes/NODE` folder when the store is shared.
+    pub(super) node_state: PathBuf,
     /// This node's name.
     pub(super) node: String,
     pub(super) job: u32,
@@ -170,6 +173,7 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
         config,
         batch_script,
         store: config.store_path_for_node(&node),
+        node_state: config.node_state_path(&node),
         node,
         job,
         step,
@@ -215,9 +219,10 @@ fn start_unnamed(ctx: &StepContext) -> Result<(StepContainer, String), String> {
     let mut spec = build_spec(ctx, &stored)?;
     let mut save = None;
     if let Some(output) = &ctx.save_to {
-        let scratch =
-            with_root(|| NamedRoots::new(&ctx.store).save_scratch(ctx.user.uid, ctx.job, ctx.step))
-                .map_err(|e| format!("--container-save: {e:#}"))?;
+        let scratch = with_root(|| {
+            NamedRoots::new(&ctx.node_state).save_scratch(ctx.user.uid, ctx.job, ctx.step)
+        })
+        .map_err(|e| format!("--container-save: {e:#}"))?;
         spec.upper_dir = Some(scratch.clone());
         save = Some(PendingSave {
             request: save_request(&spec, &scratch, output),
@@ -586,6 +591,7 @@ fn pull(config: &Config, store: &Path, image: &str) -> Result<StoredImage, Strin
     if let Some(n) = config.registry_retries {
         command.arg("--registry-retries").arg(n.to_string());
     }
+    command.args(config.shared_store_args());
     command.arg("--progress").arg("lines");
     command.arg("--").arg(image);
     command
