@@ -614,6 +614,9 @@ fn pull(config: &Config, store: &Path, image: &str) -> Result<StoredImage, Strin
     // One short line for the user when the image was fetched (not when cached).
     let stderr = String::from_utf8_lossy(&output.stderr);
     super::timings::record_helper_output(&stderr);
+    super::timings::helper_notes(&stderr)
+        .iter()
+        .for_each(|note| handle::log_user(note));
     if let Some(done) = stderr
         .lines()
         .rev()

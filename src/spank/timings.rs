@@ -36,6 +36,16 @@ pub fn lookup_from_helper(stderr: &str) -> Option<Duration> {
     ms.parse::<u64>().ok().map(Duration::from_millis)
 }
 
+/// Lines of the pull helper's stderr the user should see whatever the
+/// verbosity: a shared-store takeover of a silent puller.
+pub fn helper_notes(stderr: &str) -> Vec<String> {
+    stderr
+        .lines()
+        .filter(|l| l.contains(crate::store::shared::TAKEOVER_NOTE))
+        .map(|l| l.trim_start_matches("berth: ").to_string())
+        .collect()
+}
+
 /// The lookup time of this step's last pull (set by the pull, read once by
 /// the report).
 static LAST_LOOKUP: Mutex<Option<Duration>> = Mutex::new(None);
@@ -129,6 +139,13 @@ mod tests {
             "node1: a:1@sha256:x: lookup 42 ms, pull 100 ms, mount 7 ms"
         );
         record_helper_output(stderr);
+        let takeover =
+            "berth: node2 took over the pull of sha256:ab from node1 (pid 7), silent for 30 s";
+        assert_eq!(
+            helper_notes(&format!("{stderr}{takeover}\n")),
+            vec![takeover.trim_start_matches("berth: ").to_string()]
+        );
+        assert!(helper_notes(stderr).is_empty());
         assert_eq!(take_lookup(), Some(Duration::from_millis(42)));
         assert_eq!(take_lookup(), None);
     }

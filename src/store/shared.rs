@@ -39,6 +39,11 @@ use super::progress::Progress;
 use super::Store;
 use crate::registry::Digest;
 
+/// What the pull helper says on stderr when it takes over a silent puller
+/// (`berth: HOST took over the pull of DIGEST from WHO, silent for N s`);
+/// the plugin shows such lines to the user.
+pub const TAKEOVER_NOTE: &str = "took over the pull of";
+
 /// File in the root of a shared store.
 pub const MARKER: &str = "shared-store";
 
@@ -118,7 +123,8 @@ pub(super) fn lease_image(
         |holder| {
             let who = holder.map_or_else(|| "another node".to_string(), ToString::to_string);
             eprintln!(
-                "berth: {who} stopped refreshing its lease on {digest} for {} s: taking over its pull",
+                "berth: {} {TAKEOVER_NOTE} {digest} from {who}, silent for {} s",
+                host_key(),
                 settings.lease_timeout.as_secs()
             );
         },
