@@ -174,7 +174,11 @@ pub(super) fn publish_no_replace(
         fs::create_dir_all(store.retired_dir())
             .with_context(|| format!("cannot create {}", store.retired_dir().display()))?;
         match fs::rename(dest, &retired) {
-            Ok(()) => {}
+            // gc --min-age counts a retired image's age from its retirement:
+            // nodes may still run it.
+            Ok(()) => {
+                let _ = fs::File::open(&retired).and_then(|d| d.set_modified(SystemTime::now()));
+            }
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => {
                 return Err(e)
