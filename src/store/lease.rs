@@ -316,15 +316,20 @@ pub fn acquire_or_wait(
         if done()? {
             return Ok(Outcome::Done);
         }
-        if let Some(lease) = try_take(path, timeouts)? {
-            // The work may have been finished just before the lease was free.
-            if done()? {
-                return Ok(Outcome::Done);
-            }
-            return Ok(Outcome::Acquired(lease));
-        }
-        let Some(seen) = look(path)? else {
-            continue; // released meanwhile: try again at once
+        // Look before trying to take: a waiting node then costs the file
+        // server one open per poll, not a create, a link and an unlink.
+        let seen = match look(path)? {
+            Some(seen) => seen,
+            None => match try_take(path, timeouts)? {
+                Some(lease) => {
+                    // The work may have been finished just before the lease was free.
+                    if done()? {
+                        return Ok(Outcome::Done);
+                    }
+                    return Ok(Outcome::Acquired(lease));
+                }
+                None => continue, // taken meanwhile: look at the new holder
+            },
         };
         if !waiting {
             waiting = true;
