@@ -265,25 +265,27 @@ fn heartbeat(
 
 /// Moves the stale lease `seen` aside so that it can be taken. Only one
 /// waiter's rename succeeds; a waiter that moved a fresh lease (taken since
-/// it looked) links it back.
-fn break_stale(path: &Path, seen: &Seen) -> Result<()> {
+/// it looked) links it back. Returns whether this call removed the stale
+/// lease (true for exactly one waiter per stale lease).
+fn break_stale(path: &Path, seen: &Seen) -> Result<bool> {
     let aside = path.with_extension(format!("stale.{}", new_token()));
     match fs::rename(path, &aside) {
         Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => {
             return Err(e)
                 .with_context(|| format!("cannot move the stale lease {}", path.display()))
         }
     }
     let moved = look(&aside)?;
-    if moved.as_ref().is_some_and(|m| m.inode != seen.inode) {
+    let stale = moved.as_ref().is_some_and(|m| m.inode == seen.inode);
+    if !stale {
         // Not the stale one: give it back (if nobody took the name meanwhile,
         // else its holder sees the loss at its next heartbeat).
         let _ = fs::hard_link(&aside, path);
     }
     let _ = fs::remove_file(&aside);
-    Ok(())
+    Ok(stale)
 }
 
 /// What [`acquire_or_wait`] ended with.
@@ -299,8 +301,8 @@ pub enum Outcome {
 /// `done()` is true (the holder published). A holder silent for
 /// `stale_after` is taken over. Fails after `wait_limit` of waiting on live
 /// holders, naming the last one. `on_wait` is called once, with the holder,
-/// when this process starts waiting; `on_takeover` with each holder taken
-/// over.
+/// when this process starts waiting; `on_takeover` with each silent holder
+/// whose lease this process removed (one waiter per stale lease).
 pub fn acquire_or_wait(
     path: &Path,
     timeouts: LeaseTimeouts,
@@ -338,8 +340,9 @@ pub fn acquire_or_wait(
         match &last {
             Some((before, since)) if *before == seen => {
                 if since.elapsed() >= timeouts.stale_after {
-                    on_takeover(seen.holder.as_ref());
-                    break_stale(path, &seen)?;
+                    if break_stale(path, &seen)? {
+                        on_takeover(seen.holder.as_ref());
+                    }
                     last = None;
                     continue;
                 }

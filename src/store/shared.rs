@@ -39,9 +39,10 @@ use super::progress::Progress;
 use super::Store;
 use crate::registry::Digest;
 
-/// What the pull helper says on stderr when it takes over a silent puller
-/// (`berth: HOST took over the pull of DIGEST from WHO, silent for N s`);
-/// the plugin shows such lines to the user.
+/// What the pull helper says on stderr when it removes a silent puller's
+/// lease (`berth: HOST took over the pull of DIGEST from WHO, silent for N
+/// s`; exactly one node says it, and that node or another then pulls); the
+/// plugin shows such lines to the user.
 pub const TAKEOVER_NOTE: &str = "took over the pull of";
 
 /// File in the root of a shared store.
