@@ -61,6 +61,14 @@ pub struct Config {
     pub registry_retries: Option<u32>,
     /// How a multi-node step spreads a newly pulled image to its nodes.
     pub fanout: FanoutConfig,
+    /// `store_shared=1`: `store_path` is on a file system every node shares
+    /// (NFS, Lustre, GPFS); the cluster pulls each image once.
+    pub store_shared: bool,
+    /// `store_lease_timeout=SECONDS`: a shared-store puller silent this long
+    /// is taken over.
+    pub store_lease_timeout: Duration,
+    /// `store_wait_timeout=SECONDS`: the longest wait for another node's pull.
+    pub store_wait_timeout: Duration,
 }
 
 /// How much the plugin logs (`log_level`). Each level includes the ones
@@ -219,6 +227,9 @@ pub const KEYS: &[&str] = &[
     "fanout_wait",
     "fanout_intent_wait",
     "fanout_dir",
+    "store_shared",
+    "store_lease_timeout",
+    "store_wait_timeout",
 ];
 
 impl Default for Config {
@@ -236,6 +247,9 @@ impl Default for Config {
             mirrors: Vec::new(),
             registry_retries: None,
             fanout: FanoutConfig::default(),
+            store_shared: false,
+            store_lease_timeout: crate::store::shared::DEFAULT_LEASE_TIMEOUT,
+            store_wait_timeout: crate::store::shared::DEFAULT_WAIT_TIMEOUT,
         }
     }
 }
@@ -250,6 +264,57 @@ impl Config {
         } else {
             self.store_path.clone()
         }
+    }
+
+    /// Where this node keeps state that must not be shared with other nodes
+    /// (named containers, save scratch folders): the store itself, or
+    /// `STORE/nodes/NODE` when the store is shared (`store_shared=1`).
+    pub fn node_state_path(&self, node: &str) -> PathBuf {
+        let store = self.store_path_for_node(node);
+        if self.store_shared && !node.is_empty() {
+            store.join("nodes").join(node)
+        } else {
+            store
+        }
+    }
+
+    /// The shared-store settings, when `store_shared=1`.
+    pub fn shared_settings(&self) -> Option<crate::store::SharedSettings> {
+        self.store_shared.then_some(crate::store::SharedSettings {
+            lease_timeout: self.store_lease_timeout,
+            wait_timeout: self.store_wait_timeout,
+        })
+    }
+
+    /// The `berth pull` arguments that make the helper use the store as a
+    /// shared one (none for a node-local store).
+    pub fn shared_store_args(&self) -> Vec<String> {
+        if !self.store_shared {
+            return Vec::new();
+        }
+        vec![
+            "--shared-store".to_string(),
+            "--lease-timeout".to_string(),
+            self.store_lease_timeout.as_secs().to_string(),
+            "--wait-timeout".to_string(),
+            self.store_wait_timeout.as_secs().to_string(),
+        ]
+    }
+
+    /// Checks combinations of keys no single value can: a shared store has
+    /// one path for all nodes, so no `%n`.
+    fn check(&self, origin: &str) -> Result<(), ConfigError> {
+        if self.store_shared && self.store_path.to_string_lossy().contains("%n") {
+            return Err(ConfigError {
+                origin: origin.to_string(),
+                message: format!(
+                    "store_shared=1 with store_path={} : a shared store is one folder for \
+                     every node; remove %n from store_path, or drop store_shared",
+                    self.store_path.display()
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Builds the plugin's configuration from its plugstack arguments: defaults,
@@ -271,6 +336,7 @@ impl Config {
             config.set(key, value, origin)?;
         }
         config.check_fanout(origin)?;
+        config.check(origin)?;
         Ok(config)
     }
 
@@ -428,7 +494,12 @@ impl Config {
                 })?
             }
             "fanout_dir" => self.fanout.dir = Some(absolute(value)?),
-            "fanout_wait" | "fanout_intent_wait" => {
+            "store_shared" => {
+                self.store_shared = parse_bool(value).ok_or_else(|| {
+                    err(format!("{key}={value}: expected 1/0, true/false, yes/no"))
+                })?
+            }
+            "fanout_wait" | "fanout_intent_wait" | "store_lease_timeout" | "store_wait_timeout" => {
                 let seconds: u64 = value
                     .parse()
                     .ok()
@@ -438,10 +509,12 @@ impl Config {
                             "{key}={value}: expected a number of seconds from 1 to 86400"
                         ))
                     })?;
-                if key == "fanout_wait" {
-                    self.fanout.wait = Duration::from_secs(seconds);
-                } else {
-                    self.fanout.intent_wait = Duration::from_secs(seconds);
+                let duration = Duration::from_secs(seconds);
+                match key {
+                    "fanout_wait" => self.fanout.wait = duration,
+                    "fanout_intent_wait" => self.fanout.intent_wait = duration,
+                    "store_lease_timeout" => self.store_lease_timeout = duration,
+                    _ => self.store_wait_timeout = duration,
                 }
             }
             "container_scope" => match value {
@@ -600,6 +673,41 @@ mod tests {
         }
         let e = Config::from_plugstack_args(&args(&["mirrors=a=/m"])).unwrap_err();
         assert!(e.to_string().contains("REGISTRY=MIRROR"), "{e}");
+    }
+
+    #[test]
+    fn shared_store_keys() {
+        let config = Config::from_plugstack_args(&args(&[
+            "store_path=/shared/berth",
+            "store_shared=1",
+            "store_lease_timeout=10",
+            "store_wait_timeout=600",
+        ]))
+        .unwrap();
+        let settings = config.shared_settings().unwrap();
+        assert_eq!(settings.lease_timeout, Duration::from_secs(10));
+        assert_eq!(settings.wait_timeout, Duration::from_secs(600));
+        assert_eq!(
+            config.node_state_path("node3"),
+            PathBuf::from("/shared/berth/nodes/node3")
+        );
+        let local = Config::from_plugstack_args(&args(&["store_path=/nvme/%n/berth"])).unwrap();
+        assert!(local.shared_settings().is_none());
+        assert_eq!(
+            local.node_state_path("node3"),
+            PathBuf::from("/nvme/node3/berth")
+        );
+        let e = Config::from_plugstack_args(&args(&["store_path=/s/%n", "store_shared=yes"]))
+            .unwrap_err();
+        assert!(e.to_string().contains("remove %n from store_path"), "{e}");
+        for bad in [
+            "store_lease_timeout=0",
+            "store_wait_timeout=x",
+            "store_shared=maybe",
+        ] {
+            let e = Config::from_plugstack_args(&args(&[bad])).unwrap_err();
+            assert!(e.to_string().contains(bad), "{e}");
+        }
     }
 
     #[test]

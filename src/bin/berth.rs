@@ -114,6 +114,11 @@ enum Commands {
         /// Size budget for the store, e.g. 50G or 800M (powers of 1024).
         #[arg(long, value_parser = parse_size_arg)]
         max_size: Option<u64>,
+        /// Only remove what was last used longer ago than this (e.g. 8d, 36h);
+        /// required for a store shared by several nodes: set it above the
+        /// longest job.
+        #[arg(long, value_parser = parse_age_arg)]
+        min_age: Option<std::time::Duration>,
         #[command(flatten)]
         store: StoreDir,
     },
@@ -187,6 +192,18 @@ struct StoreArgs {
     /// Progress on stderr: `auto` (bars on a terminal, else lines), `bars`, `lines`, `none`.
     #[arg(long, default_value = "auto", value_parser = ["auto", "bars", "lines", "none"])]
     progress: String,
+    /// The store is on a file system several nodes share: one node pulls each
+    /// image, the others wait for it (default: `store_shared` of the config file).
+    #[arg(long)]
+    shared_store: bool,
+    /// Shared store: seconds without a heartbeat after which another node's
+    /// pull is taken over (default: `store_lease_timeout`, 30).
+    #[arg(long, value_name = "SECONDS")]
+    lease_timeout: Option<u64>,
+    /// Shared store: seconds to wait at most for another node's live pull
+    /// (default: `store_wait_timeout`, 1800).
+    #[arg(long, value_name = "SECONDS")]
+    wait_timeout: Option<u64>,
 }
 
 #[derive(clap::Args)]
@@ -214,6 +231,10 @@ fn parse_size_arg(text: &str) -> Result<u64, String> {
     parse_size(text).map_err(|e| e.to_string())
 }
 
+fn parse_age_arg(text: &str) -> Result<std::time::Duration, String> {
+    berth::store::units::parse_age(text).map_err(|e| e.to_string())
+}
+
 impl StoreArgs {
     fn resolve(&self, config: &Config) -> Result<(PathBuf, PullOptions)> {
         let root = self
@@ -238,7 +259,29 @@ impl StoreArgs {
             "none" => ProgressMode::Off,
             _ => ProgressMode::auto(),
         };
+        let seconds = |given: Option<u64>, default: std::time::Duration, flag: &str| match given {
+            Some(0) => bail!("--{flag} 0: give at least 1 second"),
+            Some(s) => Ok(std::time::Duration::from_secs(s)),
+            None => Ok(default),
+        };
+        let shared = (self.shared_store || config.store_shared)
+            .then(|| -> Result<berth::store::SharedSettings> {
+                Ok(berth::store::SharedSettings {
+                    lease_timeout: seconds(
+                        self.lease_timeout,
+                        config.store_lease_timeout,
+                        "lease-timeout",
+                    )?,
+                    wait_timeout: seconds(
+                        self.wait_timeout,
+                        config.store_wait_timeout,
+                        "wait-timeout",
+                    )?,
+                })
+            })
+            .transpose()?;
         let options = PullOptions {
+            shared,
             registry: RegistryOptions {
                 insecure_registries: insecure,
                 mirrors,
@@ -332,9 +375,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Commands::Images { store } => list_images(&store.open()?),
         Commands::Inspect { image, store } => inspect_image(&store.open()?, &image),
         Commands::Rmi { images, store } => remove_images(&store.open()?, &images),
-        Commands::Gc { max_size, store } => {
+        Commands::Gc {
+            max_size,
+            min_age,
+            store,
+        } => {
             // Unswept: gc removes and reports the temp files itself.
-            collect_garbage(&Store::open_unswept(store.root()?)?, max_size)
+            collect_garbage(
+                &Store::open_unswept(store.root()?)?,
+                GcOptions { max_size, min_age },
+            )
         }
         Commands::Run {
             mounts,
@@ -627,8 +677,8 @@ fn remove_images(store: &Store, queries: &[String]) -> Result<ExitCode> {
 }
 
 /// `berth gc`: prints each removal, what was kept in use, and the total freed.
-fn collect_garbage(store: &Store, max_size: Option<u64>) -> Result<ExitCode> {
-    let report = store.gc(&GcOptions { max_size })?;
+fn collect_garbage(store: &Store, options: GcOptions) -> Result<ExitCode> {
+    let report = store.gc(&options)?;
     for (what, bytes) in &report.removed {
         say!("removed {what} ({})", format_size(*bytes));
     }

@@ -298,6 +298,25 @@ impl RegistryClient {
         self.resolve_at(image, platform)
     }
 
+    /// The digest of what `image` names in the registry now: for a tag, the
+    /// index or manifest the tag points at (computed over the bytes served,
+    /// not taken from a header). Asks the registry's mirror first when one is
+    /// configured. Nothing but that one document is downloaded.
+    pub fn top_digest(&self, image: &ImageRef) -> Result<Digest> {
+        if let Some(mirror) = self.mirror_of(image) {
+            match self.fetch_manifest(&mirror, mirror.manifest_reference()) {
+                Ok(fetched) => return Ok(fetched.digest),
+                Err(e) => eprintln!(
+                    "berth: mirror {} failed for {image} ({e:#}); asking {}",
+                    mirror.registry, image.registry
+                ),
+            }
+        }
+        Ok(self
+            .fetch_manifest(image, image.manifest_reference())?
+            .digest)
+    }
+
     /// [`RegistryClient::resolve`] at exactly `image`'s registry.
     fn resolve_at(&self, image: &ImageRef, platform: &Platform) -> Result<ResolvedImage> {
         let top = self.fetch_manifest(image, image.manifest_reference())?;

@@ -36,7 +36,8 @@ impl FanoutStep {
     /// This node's part in the step's fan-out; `None` when the step does not
     /// fan out (`fanout=none`, fewer nodes than `fanout_min_nodes`).
     pub(super) fn of(spank: &Spank, config: &Config) -> Result<Option<FanoutStep>, String> {
-        if config.fanout.mode == FanoutMode::None {
+        // A shared store already gives one pull for the whole cluster.
+        if config.fanout.mode == FanoutMode::None || config.store_shared {
             return Ok(None);
         }
         let nodes = spank.node_count().map_err(|e| e.to_string())?;

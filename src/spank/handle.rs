@@ -126,6 +126,12 @@ impl Spank {
         )
     }
 
+    /// This task's id among the step's tasks on this node (task callbacks only).
+    pub fn local_task_id(&self) -> Result<u32, SpankError> {
+        // S_TASK_ID takes an `int *`, the same size as the u32 get_u32 passes.
+        self.get_u32(ffi::spank_item::S_TASK_ID, "the local task id")
+    }
+
     /// The job's supplementary group ids.
     pub fn supplementary_gids(&self) -> Result<Vec<u32>, SpankError> {
         let mut list: *mut libc::gid_t = std::ptr::null_mut();
@@ -297,6 +303,14 @@ pub fn log_user(message: &str) {
     let message = to_c_message(&format!("berth: {message}"));
     // SAFETY: a "%s" format with one valid C string argument.
     unsafe { ffi::slurm_spank_log(c"%s".as_ptr(), message.as_ptr()) }
+}
+
+/// srun, sbatch, salloc: a message shown with `-v` (Slurm's verbose level of
+/// the client process), e.g. `srun: berth: IMAGE resolved to sha256:...`.
+pub fn log_client_verbose(message: &str) {
+    let message = to_c_message(&format!("berth: {message}"));
+    // SAFETY: a "%s" format with one valid C string argument.
+    unsafe { ffi::slurm_verbose(c"%s".as_ptr(), message.as_ptr()) }
 }
 
 /// The plugin's `log_level`, as a number (see [`LogLevel`]).

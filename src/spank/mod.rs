@@ -4,6 +4,8 @@
 //! - `handle`: safe wrappers over the SPANK handle and Slurm's logger;
 //! - `options`: the `--container-*` option table and the values a job gave;
 //! - `local`: srun/sbatch/salloc side (check options before anything is allocated);
+//! - `resolve`: srun/sbatch/salloc side: tag -> digest once, exported to every step;
+//! - `timings`: slurmstepd side: per-node setup timings shown with `srun -v`;
 //! - `remote`: slurmstepd side (pull, create the container, join tasks to it);
 //! - `named_step`: slurmstepd side of `--container-name` (join, reuse or create);
 //! - `pull_output`: the pull helper's progress, forwarded to the user while it runs;
@@ -20,3 +22,5 @@ pub mod options;
 pub mod plugin;
 pub mod pull_output;
 pub mod remote;
+pub mod resolve;
+pub mod timings;

@@ -57,7 +57,7 @@ fn start_as_root(
 ) -> Result<(StepContainer, String), String> {
     let describe = |e: anyhow::Error| format!("named container {}: {e:#}", key.describe());
     let registry = Registry::new(&ctx.config.runtime_dir, &ctx.node);
-    let roots = NamedRoots::new(&ctx.store);
+    let roots = NamedRoots::new(&ctx.node_state);
     let _decision = registry.lock(key).map_err(describe)?;
     let running = registry.running(key).map_err(describe)?;
     let existing = roots.load(key).map_err(describe)?;
@@ -211,7 +211,7 @@ pub(super) fn job_epilog(spank: &super::handle::Spank, config: &Config) -> Resul
                 .map(|h| h.to_string_lossy().into_owned())
         })
         .unwrap_or_default();
-    let store = config.store_path_for_node(&node);
+    let store = config.node_state_path(&node);
     let removed = NamedRoots::new(&store)
         .remove_job(job)
         .map_err(|e| format!("cannot remove the named containers of job {job}: {e:#}"))?;

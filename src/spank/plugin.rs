@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use super::ffi;
 use super::handle::{self, Context, Spank};
-use super::{local, options, remote};
+use super::{local, options, remote, resolve};
 use crate::config::Config;
 
 /// Plugin name Slurm shows in its messages.
@@ -100,7 +100,9 @@ pub extern "C" fn slurm_spank_init_post_opt(
             Context::Allocator if !config().sbatch_support => Ok(()),
             Context::Local | Context::Allocator => {
                 options::apply_env_defaults(|name| std::env::var(name).ok())?;
-                local::check_options(&options::current())
+                let options = options::current();
+                local::check_options(&options)?;
+                resolve::at_submission(&options, config())
             }
             Context::Remote => {
                 options::apply_env_defaults(|name| spank.getenv(name))?;
@@ -108,6 +110,22 @@ pub extern "C" fn slurm_spank_init_post_opt(
             }
             _ => Ok(()),
         }
+    })
+}
+
+/// srun, after the allocation, just before the tasks are launched: with
+/// `-v`, say which digest the step runs.
+#[no_mangle]
+pub extern "C" fn slurm_spank_local_user_init(
+    _sp: ffi::spank_t,
+    _argc: c_int,
+    _argv: *mut *mut c_char,
+) -> c_int {
+    guard("slurm_spank_local_user_init", || {
+        if handle::context() == Context::Local {
+            resolve::report();
+        }
+        Ok(())
     })
 }
 

@@ -59,6 +59,9 @@ pub(super) struct StepContext<'a> {
     pub(super) config: &'a Config,
     pub(super) options: JobOptions,
     pub(super) store: PathBuf,
+    /// Where this node's own state lives (named containers, save scratch):
+    /// the store, or its `nodes/NODE` folder when the store is shared.
+    pub(super) node_state: PathBuf,
     /// This node's name.
     pub(super) node: String,
     pub(super) job: u32,
@@ -71,6 +74,8 @@ pub(super) struct StepContext<'a> {
     pub(super) batch_script: Option<MountSpec>,
     /// This step's place in a fan-out, when the image may come from its first node.
     pub(super) fanout: Option<super::fanout::FanoutStep>,
+    /// `srun -v`: show this node's setup timings to the user.
+    pub(super) verbose: bool,
 }
 
 /// Why `user_init` could not make the container. Slurm 22.05's srun exits 0
@@ -128,7 +133,11 @@ pub fn user_init(spank: &Spank, config: &Config) -> Result<(), String> {
 }
 
 fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
-    let options = options::current();
+    let mut options = options::current();
+    if let Some(image) = options.image.take() {
+        let pin = spank.getenv(super::resolve::PIN_VARIABLE);
+        options.image = Some(super::resolve::for_step(&image, pin.as_deref()));
+    }
     let step = spank.step_id().map_err(|e| e.to_string())?;
     if !wants_container(step, &options, config) {
         return Ok(());
@@ -162,6 +171,7 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
         batch_script,
         fanout,
         store: config.store_path_for_node(&node),
+        node_state: config.node_state_path(&node),
         node,
         job,
         step,
@@ -169,7 +179,11 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
         job_env: spank.job_env().map_err(|e| e.to_string())?,
         save_to,
         options,
+        verbose: super::timings::step_is_verbose(spank.getenv("SRUN_DEBUG").as_deref()),
     };
+    if ctx.verbose {
+        super::timings::report_join_as(&ctx.node);
+    }
     let (step_container, what) = match &ctx.options.name {
         Some(value) => {
             let name = ContainerName::parse(value)
@@ -197,13 +211,16 @@ fn start_unnamed(ctx: &StepContext) -> Result<(StepContainer, String), String> {
         ctx.step,
         ctx.store.display()
     ));
+    let pull_started = Instant::now();
     let (stored, image_hold) = with_root(|| super::fanout::pull_and_hold(ctx, &image))?;
+    let pulled = pull_started.elapsed();
     let mut spec = build_spec(ctx, &stored)?;
     let mut save = None;
     if let Some(output) = &ctx.save_to {
-        let scratch =
-            with_root(|| NamedRoots::new(&ctx.store).save_scratch(ctx.user.uid, ctx.job, ctx.step))
-                .map_err(|e| format!("--container-save: {e:#}"))?;
+        let scratch = with_root(|| {
+            NamedRoots::new(&ctx.node_state).save_scratch(ctx.user.uid, ctx.job, ctx.step)
+        })
+        .map_err(|e| format!("--container-save: {e:#}"))?;
         spec.upper_dir = Some(scratch.clone());
         save = Some(PendingSave {
             request: save_request(&spec, &scratch, output),
@@ -211,8 +228,22 @@ fn start_unnamed(ctx: &StepContext) -> Result<(StepContainer, String), String> {
         });
     }
     // spawn_holder takes root for the mounts and the id maps itself.
+    let mount_started = Instant::now();
     let container = spawn_holder(&ctx.config.helper_path, &spec, Mode::Privileged)
         .map_err(|e| format!("cannot start the container for image '{image}': {e:#}"))?;
+    if ctx.verbose {
+        let shown = stored
+            .reference
+            .as_ref()
+            .map_or_else(|| image.clone(), ToString::to_string);
+        handle::log_user(&super::timings::setup_line(
+            &ctx.node,
+            &shown,
+            super::timings::take_lookup(),
+            pulled,
+            mount_started.elapsed(),
+        ));
+    }
     report_entrypoint(ctx, &container);
     let step = StepContainer {
         container,
@@ -359,9 +390,15 @@ pub fn task_init(spank: &Spank) -> Result<(), String> {
     let Some(step) = guard.as_ref() else {
         return Ok(());
     };
+    let join_started = Instant::now();
     step.container
         .join()
         .map_err(|e| format!("cannot enter the container: {e:#}"))?;
+    if let Some(node) = super::timings::join_report() {
+        if spank.local_task_id().is_ok_and(|id| id == 0) {
+            handle::log_user(&super::timings::join_line(&node, join_started.elapsed()));
+        }
+    }
     let keeps =
         |name: &str| step.keep_job_env.iter().any(|n| n == name) && spank.getenv(name).is_some();
     for (name, value) in step.container.env(std::iter::empty()) {
@@ -618,6 +655,7 @@ pub(super) fn run_pull(
     if let Some(n) = config.registry_retries {
         command.arg("--registry-retries").arg(n.to_string());
     }
+    command.args(config.shared_store_args());
     command.arg("--progress").arg("lines");
     command.arg("--").arg(image);
     command
@@ -659,6 +697,10 @@ pub(super) fn run_pull(
         let message = message.trim().trim_start_matches("error: ");
         return Err(message.to_string());
     }
+    super::timings::record_helper_output(&output.stderr);
+    super::timings::helper_notes(&output.stderr)
+        .iter()
+        .for_each(|note| handle::log_user(note));
     serde_json::from_slice(&output.stdout)
         .map(|stored| PullAnswer::Stored(Box::new(stored)))
         .map_err(|e| format!("the berth helper gave an unreadable answer for '{image}': {e}"))

@@ -189,6 +189,14 @@ fn unique(dir: &Path, label: &str) -> PathBuf {
 /// Removes entries of `tmp_dir` whose writer is gone (nobody holds their lock).
 /// Returns the entries removed, with their sizes in bytes.
 pub fn sweep_temp(tmp_dir: &Path) -> Result<Vec<(PathBuf, u64)>> {
+    sweep_temp_if(tmp_dir, &|_| true)
+}
+
+/// Like [`sweep_temp`], only for entries `wanted` accepts.
+pub fn sweep_temp_if(
+    tmp_dir: &Path,
+    wanted: &dyn Fn(&Path) -> bool,
+) -> Result<Vec<(PathBuf, u64)>> {
     let mut removed = Vec::new();
     let entries = match fs::read_dir(tmp_dir) {
         Ok(e) => e,
@@ -197,6 +205,9 @@ pub fn sweep_temp(tmp_dir: &Path) -> Result<Vec<(PathBuf, u64)>> {
     };
     for entry in entries.flatten() {
         let path = entry.path();
+        if !wanted(&path) {
+            continue;
+        }
         let Ok(file) = File::open(&path) else {
             continue;
         };

@@ -4,8 +4,9 @@
 
 use std::fmt;
 use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 
 use super::fsutil::{sweep_temp, tree_size};
 use super::remove::RemoveOutcome;
@@ -19,6 +20,10 @@ pub struct GcOptions {
     /// Remove least recently used images until the store takes at most this
     /// many bytes.
     pub max_size: Option<u64>,
+    /// Only remove what was last used (images), written (blobs) or left
+    /// (temp files) longer ago than this. Required for a shared store,
+    /// where holds of other nodes are invisible (see `store::shared`).
+    pub min_age: Option<Duration>,
 }
 
 /// One thing `gc` removed.
@@ -95,12 +100,33 @@ impl Store {
     /// Collects garbage (see the module doc); with a budget, also removes
     /// least recently used images until the store fits, skipping those in use.
     pub fn gc(&self, options: &GcOptions) -> Result<GcReport> {
+        if self.is_shared() && options.min_age.is_none() {
+            bail!(
+                "the store {} is shared by several nodes (it has the file {}): its images \
+                 may be in use on other nodes, which this node cannot see; give --min-age \
+                 AGE longer than the longest job (Slurm's MaxTime), e.g. --min-age 8d, to \
+                 remove only what no step started within AGE",
+                self.root().display(),
+                super::shared::MARKER
+            );
+        }
+        let old_enough = |path: &std::path::Path| {
+            options
+                .min_age
+                .is_none_or(|age| super::shared::older_than(path, age))
+        };
         let mut report = GcReport {
             size_before: self.disk_usage(),
             ..GcReport::default()
         };
-        for (path, bytes) in sweep_temp(&self.tmp_dir())? {
-            report.removed.push((Removed::Temp(path), bytes));
+        if options.min_age.is_none() {
+            for (path, bytes) in sweep_temp(&self.tmp_dir())? {
+                report.removed.push((Removed::Temp(path), bytes));
+            }
+        } else {
+            for (path, bytes) in self.sweep_old_temp(&old_enough)? {
+                report.removed.push((Removed::Temp(path), bytes));
+            }
         }
         for dir in self.broken_image_dirs()? {
             match self.remove_image_dir(&dir)? {
@@ -110,13 +136,17 @@ impl Store {
         }
 
         let mut images = self.images()?;
+        if let Some(age) = options.min_age {
+            let cutoff = SystemTime::now().checked_sub(age);
+            images.retain(|i| cutoff.is_some_and(|c| i.last_used <= c));
+        }
         images.reverse(); // least recently used first
         let (outdated, mut current): (Vec<_>, Vec<_>) =
             images.into_iter().partition(|i| !i.is_current());
         for image in &outdated {
             self.remove_into(&mut report, image, true)?;
         }
-        let sweep = self.remove_unused_blobs(None)?;
+        let sweep = self.remove_unused_blobs_if(None, &old_enough)?;
         report.notes.extend(sweep.skipped);
         for (digest, bytes) in sweep.removed {
             report.removed.push((Removed::Blob(digest), bytes));
@@ -142,6 +172,32 @@ impl Store {
         report.notes.dedup();
         report.size_after = self.disk_usage();
         Ok(report)
+    }
+
+    /// Temp entries (of every host of a shared store) whose writer is gone
+    /// and that `old_enough` accepts; for a shared store also `retired/`
+    /// images. Returns what was removed, with sizes.
+    fn sweep_old_temp(
+        &self,
+        old_enough: &dyn Fn(&std::path::Path) -> bool,
+    ) -> Result<Vec<(PathBuf, u64)>> {
+        let mut dirs = vec![self.root().join("tmp")];
+        if self.is_shared() {
+            dirs = std::fs::read_dir(self.root().join("tmp"))
+                .map(|entries| entries.flatten().map(|e| e.path()).collect())
+                .unwrap_or_default();
+        }
+        let mut removed = Vec::new();
+        for dir in dirs {
+            removed.extend(super::fsutil::sweep_temp_if(&dir, old_enough)?);
+        }
+        if self.is_shared() {
+            removed.extend(super::fsutil::sweep_temp_if(
+                &self.retired_dir(),
+                old_enough,
+            )?);
+        }
+        Ok(removed)
     }
 
     /// Removes one image into `report`; returns the bytes freed.

@@ -55,7 +55,20 @@ impl Store {
                 return Err(e).with_context(|| format!("cannot open {}", path.display()));
             }
         };
-        lock_shared(&file).with_context(|| format!("cannot lock {}", path.display()))?;
+        match lock_shared(&file) {
+            Ok(()) => {}
+            // A shared file system without flock (Lustre mounted without
+            // `flock`/`localflock`): the container runs unheld; a shared
+            // store's gc goes by age anyway (see store::shared).
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOSYS) | Some(libc::ENOLCK) | Some(libc::EOPNOTSUPP)
+                ) => {}
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot lock {}", path.display()));
+            }
+        }
         // rmi renames the folder away under an exclusive lock: what we locked
         // must still be the file at `path`.
         let held = file

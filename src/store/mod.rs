@@ -19,6 +19,12 @@
 //! locks/store.lock            shared by downloading pulls, exclusive to remove blobs
 //! ```
 //!
+//! A store shared by several nodes ([`shared`], `store_shared=1`) has the
+//! file `shared-store` in its root, temp files in `tmp/<host>/`, pull
+//! leases in `leases/<manifest-hex>.lease` instead of the per-image `flock`,
+//! and `retired/` for outdated images it does not remove while other nodes
+//! may use them.
+//!
 //! A running container holds a shared `flock` on its `image.sqfs`
 //! ([`Store::hold`]); `rmi` and `gc` never remove an image someone holds.
 //!
@@ -37,9 +43,11 @@ mod gc;
 mod hold;
 mod import;
 mod inspect;
+pub mod lease;
 pub mod progress;
 mod pull;
 mod remove;
+pub mod shared;
 pub mod units;
 
 use std::fs;
@@ -62,6 +70,7 @@ pub use import::{FanoutSource, ImportRequest};
 pub use inspect::{ConfigDetails, ImageDetails, LayerDetails};
 pub use progress::ProgressMode;
 pub use remove::{BlobSweep, RemoveOutcome};
+pub use shared::SharedSettings;
 
 /// The first bytes of every squashfs file.
 pub const SQUASHFS_MAGIC: &[u8; 4] = b"hsqs";
@@ -70,6 +79,8 @@ pub const SQUASHFS_MAGIC: &[u8; 4] = b"hsqs";
 #[derive(Debug, Clone)]
 pub struct Store {
     root: PathBuf,
+    /// Set when the store is shared by several nodes.
+    shared: Option<SharedSettings>,
 }
 
 /// An image ready to mount (also what `berth pull --json` prints for the plugin).
@@ -97,6 +108,9 @@ pub struct PullOptions {
     /// Only look: an image not in the store is [`NotInStore`], nothing is
     /// downloaded (the fan-out receivers ask this first).
     pub cached_only: bool,
+    /// Use the store as one shared by several nodes (`store_shared`); a
+    /// store marked shared is used so anyway.
+    pub shared: Option<SharedSettings>,
 }
 
 /// Exit code of `berth pull --cached-only` for an image not in the store.
@@ -212,6 +226,24 @@ impl Store {
         Ok(store)
     }
 
+    /// Opens (creating if needed) the store at `root` as one shared by
+    /// several nodes ([`shared`]), marking it so, and removes this host's
+    /// temp files left by writers that are gone.
+    pub fn open_shared(root: impl AsRef<Path>, settings: SharedSettings) -> Result<Store> {
+        let root = root.as_ref();
+        Store::open_unswept(root)?;
+        shared::mark(root)?;
+        let mut store = Store::open_unswept(root)?;
+        store.shared = Some(settings);
+        fsutil::sweep_temp(&store.tmp_dir())?;
+        Ok(store)
+    }
+
+    /// Whether several nodes share this store (see [`shared`]).
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
+    }
+
     /// Like [`Store::open`], but leaves temp files of dead writers for
     /// [`Store::gc`] to remove and report.
     pub fn open_unswept(root: impl AsRef<Path>) -> Result<Store> {
@@ -233,11 +265,13 @@ impl Store {
             fs::set_permissions(&root, fs::Permissions::from_mode(root_mode))
                 .with_context(|| format!("cannot set the mode of {}", root.display()))?;
         }
-        let store = Store { root };
+        let shared = shared::is_marked(&root).then(SharedSettings::default);
+        let store = Store { root, shared };
         for (dir, mode) in [
             (store.root.join("blobs"), 0o755),
             (store.blobs_dir(), 0o755),
             (store.images_dir(), 0o755),
+            (store.root.join("tmp"), 0o700),
             (store.tmp_dir(), 0o700),
             (store.locks_dir(), 0o755),
         ] {
@@ -248,6 +282,14 @@ impl Store {
                     .or_else(|e| if dir.is_dir() { Ok(()) } else { Err(e) })
                     .map_err(|e| fix(e, &dir))?;
             }
+        }
+        if store.shared.is_some() {
+            let leases = store.leases_dir();
+            fs::DirBuilder::new()
+                .mode(0o755)
+                .create(&leases)
+                .or_else(|e| if leases.is_dir() { Ok(()) } else { Err(e) })
+                .map_err(|e| fix(e, &leases))?;
         }
         Ok(store)
     }
@@ -265,8 +307,22 @@ impl Store {
         self.root.join("images")
     }
 
+    /// Temp files: `tmp/`, or this host's `tmp/<host>/` in a shared store.
     fn tmp_dir(&self) -> PathBuf {
-        self.root.join("tmp")
+        match self.shared {
+            Some(_) => self.root.join("tmp").join(shared::host_key()),
+            None => self.root.join("tmp"),
+        }
+    }
+
+    /// Pull leases of a shared store.
+    fn leases_dir(&self) -> PathBuf {
+        self.root.join("leases")
+    }
+
+    /// Outdated images of a shared store, kept until `gc --min-age`.
+    fn retired_dir(&self) -> PathBuf {
+        self.root.join("retired")
     }
 
     fn locks_dir(&self) -> PathBuf {
@@ -426,7 +482,10 @@ pub fn pull_image(
     options: &PullOptions,
 ) -> Result<StoredImage> {
     match source {
-        ImageSource::Registry(image) => Store::open(store_root)?.pull(image, options),
+        ImageSource::Registry(image) => match options.shared {
+            Some(settings) => Store::open_shared(store_root, settings)?.pull(image, options),
+            None => Store::open(store_root)?.pull(image, options),
+        },
         ImageSource::SquashfsFile(path) => Store::open_squashfs_file(path),
     }
 }

@@ -14,7 +14,7 @@ use super::board::Board;
 use super::catalog::{touch_last_used, LAST_USED};
 use super::fsutil::{sync_dir, write_synced, FileLock, TempEntry};
 use super::progress::{mb, LayerProgress, Progress};
-use super::{ImageMeta, Store, StoredImage};
+use super::{lease, shared, ImageMeta, Store, StoredImage};
 use crate::image::writeback::start_writeback;
 use crate::image::{self, ImageConfig, Layer, SquashfsOptions, CONVERTER_VERSION};
 use crate::reference::ImageRef;
@@ -46,12 +46,21 @@ pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Re
     let started = std::time::Instant::now();
     let progress = Progress::new(options.progress);
     let client = RegistryClient::new(&options.registry);
+    // For `srun -v`'s per-node timings (spank::timings reads this line).
+    let looked_up = || {
+        progress.say(format!(
+            "looked up {image} in {} ms",
+            started.elapsed().as_millis()
+        ))
+    };
     if let Some(found) = pinned_in_store(store, &client, image, &progress)? {
+        looked_up();
         return Ok(found);
     }
     progress.say(format!("resolving {image}"));
     let resolved = client.resolve(image, &Platform::current())?;
     let digest = resolved.manifest_digest.clone();
+    looked_up();
     if let Some(found) = store.load(&digest)? {
         progress.say(format!("{image} ({digest}) is already in the store"));
         touch_last_used(&store.image_dir(&digest));
@@ -65,17 +74,33 @@ pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Re
         .into());
     }
 
-    let lock_path = store.locks_dir().join(format!("{}.lock", digest.hex()));
-    let _lock = FileLock::exclusive(&lock_path, || {
-        progress.say(format!("waiting for another pull of {digest}"))
-    })?;
+    let _guard = match store.shared {
+        // One node of all pulls it; the others wait for it to publish.
+        Some(settings) => {
+            let published = || Ok(store.load(&digest)?.is_some());
+            match shared::lease_image(store, &digest, settings, &progress, published)? {
+                Some(lease) => PullGuard::Lease(lease),
+                None => PullGuard::None,
+            }
+        }
+        None => {
+            let lock_path = store.locks_dir().join(format!("{}.lock", digest.hex()));
+            PullGuard::Lock(FileLock::exclusive(&lock_path, || {
+                progress.say(format!("waiting for another pull of {digest}"))
+            })?)
+        }
+    };
     if let Some(found) = store.load(&digest)? {
         progress.say(format!("{image} ({digest}) was pulled meanwhile"));
         touch_last_used(&store.image_dir(&digest));
         return Ok(with_reference(found, &resolved));
     }
-    // Blobs found in the store below must stay until the conversion is done.
-    let _downloading = FileLock::shared(&store.store_lock_path())?;
+    // Blobs found in the store below must stay until the conversion is done
+    // (a shared store's gc keeps recent blobs instead: see store::shared).
+    let _downloading = match store.shared {
+        Some(_) => None,
+        None => Some(FileLock::shared(&store.store_lock_path())?),
+    };
 
     let (layers, notes) = usable_layers(image, &resolved)?;
     for note in notes {
@@ -164,6 +189,16 @@ pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Re
 /// "1 layer", "3 layers".
 fn count(n: usize, noun: &str) -> String {
     format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
+}
+
+/// What keeps other pulls of the same image waiting while this one works.
+enum PullGuard {
+    /// A node-local store's per-image `flock`.
+    Lock(#[allow(dead_code)] FileLock),
+    /// A shared store's lease.
+    Lease(#[allow(dead_code)] lease::Lease),
+    /// Another node published the image while this one waited.
+    None,
 }
 
 /// The stored image, with the reference the user asked for (pinned).
@@ -481,6 +516,11 @@ fn download_blob(
     target.board.complete(target.index);
     file.sync_all()
         .with_context(|| format!("cannot sync {}", tmp.path().display()))?;
+    if store.is_shared() {
+        // Never over a blob another node may be reading (ESTALE on NFS);
+        // the temp file goes with `tmp`.
+        return shared::link_no_replace(tmp.path(), &dest);
+    }
     fs::rename(tmp.path(), &dest)
         .with_context(|| format!("cannot move {} to {}", tmp.path().display(), dest.display()))?;
     tmp.keep();
@@ -539,6 +579,13 @@ impl<W: std::io::Write> std::io::Write for Counted<'_, W> {
 /// by another converter version.
 pub(super) fn publish(store: &Store, staging: TempEntry, digest: &Digest) -> Result<()> {
     let dest = store.image_dir(digest);
+    if store.is_shared() {
+        let current = store.load(digest).ok().flatten().is_some();
+        if shared::publish_no_replace(store, staging.path(), &dest, current)? {
+            staging.keep();
+        }
+        return sync_dir(&store.images_dir());
+    }
     if dest.exists() {
         // An older conversion (the lock is held, and load() refused it): move it
         // aside atomically, then remove it. Mounted copies stay valid.

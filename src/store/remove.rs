@@ -108,6 +108,16 @@ impl Store {
     /// when `candidates` is `None`, else only those among `candidates`. Does
     /// nothing (and says why) while a pull is running.
     pub fn remove_unused_blobs(&self, candidates: Option<&[Digest]>) -> Result<BlobSweep> {
+        self.remove_unused_blobs_if(candidates, &|_| true)
+    }
+
+    /// Like [`Store::remove_unused_blobs`], only for blob files `wanted`
+    /// accepts (`gc --min-age`: old enough).
+    pub(super) fn remove_unused_blobs_if(
+        &self,
+        candidates: Option<&[Digest]>,
+        wanted: &dyn Fn(&std::path::Path) -> bool,
+    ) -> Result<BlobSweep> {
         let Some(_lock) = FileLock::try_exclusive(&self.store_lock_path())? else {
             return Ok(BlobSweep {
                 removed: Vec::new(),
@@ -134,6 +144,9 @@ impl Store {
             let Ok(meta) = fs::symlink_metadata(&path) else {
                 continue; // already gone
             };
+            if !wanted(&path) {
+                continue;
+            }
             fs::remove_file(&path).with_context(|| {
                 format!(
                     "cannot remove blob {}: check that you may write to the store {}",

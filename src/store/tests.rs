@@ -39,6 +39,7 @@ pub(super) fn options(reg: &FakeRegistry) -> PullOptions {
         },
         progress: ProgressMode::Off,
         cached_only: false,
+        shared: None,
     }
 }
 
@@ -264,6 +265,7 @@ fn real_registry_pull() {
         },
         progress: ProgressMode::Lines,
         cached_only: false,
+        shared: None,
     };
     let start = std::time::Instant::now();
     let img = pull_image(Path::new(&store), &ImageSource::Registry(r), &options).unwrap();
@@ -299,6 +301,80 @@ fn concurrent_pulls_download_once() {
         "config and two layers, once"
     );
     assert!(entries(&root.path().join("tmp")).is_empty());
+}
+
+/// A shared store: pulls of one image by several "nodes" fetch each blob
+/// once (the lease), a dead puller's lease is taken over, and nothing of a
+/// node's own is left in the shared folders.
+#[test]
+fn shared_store_pulls_once_and_takes_over_a_dead_puller() {
+    if skip_without_tar2sqfs("shared_store_pulls_once_and_takes_over_a_dead_puller") {
+        return;
+    }
+    let reg = FakeRegistry::start(FakeAuth::None);
+    let digest = reg.push_image(
+        "ns/shared",
+        "v1",
+        vec![gz_layer(&[("a", "a")]), gz_layer(&[("b", "b")])],
+        &[],
+    );
+    let root = tempfile::tempdir().unwrap();
+    let settings = super::SharedSettings {
+        lease_timeout: std::time::Duration::from_secs(1),
+        wait_timeout: std::time::Duration::from_secs(60),
+    };
+    let shared = || PullOptions {
+        shared: Some(settings),
+        ..options(&reg)
+    };
+    // A puller that died holding the lease of this image.
+    let store = super::Store::open_shared(root.path(), settings).unwrap();
+    let lease = root
+        .path()
+        .join("leases")
+        .join(format!("{}.lease", &digest.as_str()["sha256:".len()..]));
+    std::fs::write(
+        &lease,
+        r#"{"host":"gone","pid":1,"started":0,"token":"dead"}"#,
+    )
+    .unwrap();
+    let source = ImageSource::Registry(reference(&reg, "ns/shared:v1"));
+    let started = std::time::Instant::now();
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..3)
+            .map(|_| s.spawn(|| pull_image(root.path(), &source, &shared()).unwrap()))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        started.elapsed() >= settings.lease_timeout,
+        "the dead lease was waited out"
+    );
+    assert!(results
+        .iter()
+        .all(|r| r.manifest_digest.as_deref() == Some(digest.as_str())));
+    assert_eq!(
+        reg.count("GET /v2/ns/shared/blobs/"),
+        3,
+        "config and two layers, once for all pullers"
+    );
+    assert!(store.is_shared());
+    assert!(
+        entries(&root.path().join("leases")).is_empty(),
+        "leases released"
+    );
+    assert!(entries(&store.tmp_dir()).is_empty(), "no temp files left");
+    // gc of a shared store needs an age, and keeps what is younger.
+    let e = store.gc(&super::GcOptions::default()).unwrap_err();
+    assert!(format!("{e:#}").contains("--min-age"), "{e:#}");
+    let report = store
+        .gc(&super::GcOptions {
+            max_size: Some(0),
+            min_age: Some(std::time::Duration::from_secs(3600)),
+        })
+        .unwrap();
+    assert!(report.removed.is_empty(), "{:?}", report.removed);
+    assert!(store.lookup_digest(digest.as_str()).unwrap().is_some());
 }
 
 #[test]

@@ -252,6 +252,7 @@ fn gc_removes_garbage_then_least_recently_used() {
     let report = store
         .gc(&GcOptions {
             max_size: Some(budget),
+            min_age: None,
         })
         .unwrap();
     let removed_images: Vec<&Removed> = report
@@ -271,7 +272,12 @@ fn gc_removes_garbage_then_least_recently_used() {
     assert!(base.squashfs.exists() && third.squashfs.exists());
 
     // A budget nothing can meet: everything unheld goes, the held image stays.
-    let report = store.gc(&GcOptions { max_size: Some(0) }).unwrap();
+    let report = store
+        .gc(&GcOptions {
+            max_size: Some(0),
+            min_age: None,
+        })
+        .unwrap();
     assert!(
         report.notes.iter().any(|n| n.contains("in use")),
         "{report:?}"
@@ -279,7 +285,12 @@ fn gc_removes_garbage_then_least_recently_used() {
     assert!(!third.squashfs.exists() && base.squashfs.exists());
     assert!(third_size > 0);
     drop(hold);
-    let report = store.gc(&GcOptions { max_size: Some(0) }).unwrap();
+    let report = store
+        .gc(&GcOptions {
+            max_size: Some(0),
+            min_age: None,
+        })
+        .unwrap();
     assert_eq!(report.size_after, 0, "{report:?}");
     assert!(store.images().unwrap().is_empty());
     assert!(entries(&root.path().join("blobs/sha256")).is_empty());

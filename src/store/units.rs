@@ -103,9 +103,42 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (y, m, d)
 }
 
+/// Parses an age: a number with a unit `s`, `m`, `h` or `d` (seconds,
+/// minutes, hours, days), e.g. `36h` or `7d`; a bare number is seconds.
+pub fn parse_age(text: &str) -> Result<std::time::Duration> {
+    let t = text.trim();
+    let fail = || {
+        anyhow::anyhow!(
+            "invalid age '{text}': give a number with s, m, h or d (seconds, minutes, \
+             hours, days), e.g. 7d or 36h"
+        )
+    };
+    let (number, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+    let n: u64 = number.parse().map_err(|_| fail())?;
+    let seconds = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(fail()),
+    };
+    Ok(std::time::Duration::from_secs(
+        n.checked_mul(seconds).ok_or_else(fail)?,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ages() {
+        assert_eq!(parse_age("7d").unwrap().as_secs(), 7 * 86_400);
+        assert_eq!(parse_age("36h").unwrap().as_secs(), 36 * 3600);
+        assert_eq!(parse_age("90").unwrap().as_secs(), 90);
+        assert!(parse_age("7 weeks").is_err());
+        assert!(parse_age("d").unwrap_err().to_string().contains("e.g. 7d"));
+    }
 
     #[test]
     fn sizes_parse() {

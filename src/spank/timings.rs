@@ -1,0 +1,152 @@
+//! Per-node setup timings, shown to the user with `srun -v`.
+//!
+//! srun passes its verbosity to the step as `SRUN_DEBUG` in the job
+//! environment (Slurm's log level: 3 by default, 4 with `-v`, 5 with `-vv`);
+//! with `--export=NONE` srun sends no `SRUN_DEBUG` and the step stays quiet.
+//! slurmstepd's own info and verbose messages never reach srun's terminal,
+//! so the lines go through `slurm_spank_log`, only at `-v` and above.
+//!
+//! Stages: `lookup` (the registry or store lookup in the pull helper),
+//! `pull` (the rest of the helper's run: download, convert, or wait for
+//! another node of a shared store), `mount` (the container's holder),
+//! `join` (the first local task entering the container).
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// `SRUN_DEBUG` value of `srun -v` (Slurm's `LOG_LEVEL_VERBOSE`).
+const VERBOSE_LEVEL: u32 = 4;
+
+/// What the pull helper says once its lookup is done:
+/// `berth: looked up IMAGE in N ms`.
+pub const LOOKUP_LINE: &str = "berth: looked up ";
+
+/// Whether the step's srun ran with `-v` or more (`SRUN_DEBUG` of the job
+/// environment).
+pub fn step_is_verbose(srun_debug: Option<&str>) -> bool {
+    srun_debug
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .is_some_and(|level| level >= VERBOSE_LEVEL)
+}
+
+/// The lookup time the pull helper reported on stderr, if it did.
+pub fn lookup_from_helper(stderr: &str) -> Option<Duration> {
+    let line = stderr.lines().rev().find(|l| l.starts_with(LOOKUP_LINE))?;
+    let ms = line.strip_suffix(" ms")?.rsplit(' ').next()?;
+    ms.parse::<u64>().ok().map(Duration::from_millis)
+}
+
+/// Lines of the pull helper's stderr the user should see whatever the
+/// verbosity: a shared-store takeover of a silent puller.
+pub fn helper_notes(stderr: &str) -> Vec<String> {
+    stderr
+        .lines()
+        .filter(|l| l.contains(crate::store::shared::TAKEOVER_NOTE))
+        .map(|l| l.trim_start_matches("berth: ").to_string())
+        .collect()
+}
+
+/// The lookup time of this step's last pull (set by the pull, read once by
+/// the report).
+static LAST_LOOKUP: Mutex<Option<Duration>> = Mutex::new(None);
+
+/// Keeps the lookup time the pull helper reported in `stderr`.
+pub fn record_helper_output(stderr: &str) {
+    *LAST_LOOKUP.lock().unwrap_or_else(|p| p.into_inner()) = lookup_from_helper(stderr);
+}
+
+/// The lookup time recorded by the last pull, taken.
+pub fn take_lookup() -> Option<Duration> {
+    LAST_LOOKUP.lock().unwrap_or_else(|p| p.into_inner()).take()
+}
+
+/// This node's name when the step is verbose: the first local task reports
+/// its join (set in slurmstepd before the tasks are forked).
+static JOIN_REPORT: Mutex<Option<String>> = Mutex::new(None);
+
+/// Asks the first local task to report its join as `node`.
+pub fn report_join_as(node: &str) {
+    *JOIN_REPORT.lock().unwrap_or_else(|p| p.into_inner()) = Some(node.to_string());
+}
+
+/// The node name to report the join as, when the step is verbose.
+pub fn join_report() -> Option<String> {
+    JOIN_REPORT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+}
+
+/// Milliseconds, rounded, for the report.
+fn ms(d: Duration) -> u128 {
+    (d.as_secs_f64() * 1e3).round() as u128
+}
+
+/// The setup line of one node: `NODE: IMAGE: lookup X ms, pull Y ms, mount Z ms`.
+/// `pull` is the whole helper run; the lookup is taken out of it.
+pub fn setup_line(
+    node: &str,
+    image: &str,
+    lookup: Option<Duration>,
+    pull: Duration,
+    mount: Duration,
+) -> String {
+    let mut parts = Vec::new();
+    if let Some(lookup) = lookup {
+        parts.push(format!("lookup {} ms", ms(lookup)));
+    }
+    parts.push(format!(
+        "pull {} ms",
+        ms(pull.saturating_sub(lookup.unwrap_or_default()))
+    ));
+    parts.push(format!("mount {} ms", ms(mount)));
+    format!("{node}: {image}: {}", parts.join(", "))
+}
+
+/// The join line of one node (its first local task).
+pub fn join_line(node: &str, join: Duration) -> String {
+    format!("{node}: join {} ms", ms(join))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verbosity_comes_from_srun_debug() {
+        assert!(!step_is_verbose(None));
+        assert!(!step_is_verbose(Some("3")));
+        assert!(step_is_verbose(Some("4")));
+        assert!(step_is_verbose(Some("6")));
+        assert!(!step_is_verbose(Some("x")));
+    }
+
+    #[test]
+    fn lookup_is_read_from_the_helper_and_taken_out_of_the_pull() {
+        let stderr = "berth: resolving a\nberth: looked up a:1 in 42 ms\nberth: pulled 1 layers\n";
+        let lookup = lookup_from_helper(stderr);
+        assert_eq!(lookup, Some(Duration::from_millis(42)));
+        assert_eq!(lookup_from_helper("berth: pulled"), None);
+        let line = setup_line(
+            "node1",
+            "a:1@sha256:x",
+            lookup,
+            Duration::from_millis(142),
+            Duration::from_millis(7),
+        );
+        assert_eq!(
+            line,
+            "node1: a:1@sha256:x: lookup 42 ms, pull 100 ms, mount 7 ms"
+        );
+        record_helper_output(stderr);
+        let takeover =
+            "berth: node2 took over the pull of sha256:ab from node1 (pid 7), silent for 30 s";
+        assert_eq!(
+            helper_notes(&format!("{stderr}{takeover}\n")),
+            vec![takeover.trim_start_matches("berth: ").to_string()]
+        );
+        assert!(helper_notes(stderr).is_empty());
+        assert_eq!(take_lookup(), Some(Duration::from_millis(42)));
+        assert_eq!(take_lookup(), None);
+    }
+}

@@ -1,0 +1,289 @@
+//! Tag -> digest once, at submission, on the real cluster: a tag re-pushed
+//! between submission and step start does not change what the nodes run,
+//! and `srun -v` shows the digest (from srun and from every node).
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{output_of, Cluster, Submitter};
+
+/// Copies `from` to `to` in the plain-HTTP test registry.
+fn skopeo_copy(from: &str, to: &str) {
+    let mut c = Command::new("skopeo");
+    c.args([
+        "copy",
+        "-q",
+        "--src-tls-verify=false",
+        "--dest-tls-verify=false",
+    ]);
+    c.arg(format!("docker://{from}"))
+        .arg(format!("docker://{to}"));
+    let out = output_of(&mut c);
+    assert!(
+        out.status.success(),
+        "skopeo copy {from} {to}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The digest a tag names now (`skopeo inspect`).
+fn tag_digest(image: &str) -> String {
+    let mut c = Command::new("skopeo");
+    c.args(["inspect", "--tls-verify=false", "--format", "{{.Digest}}"])
+        .arg(format!("docker://{image}"));
+    let out = output_of(&mut c);
+    assert!(out.status.success(), "skopeo inspect {image}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A repository of this test run whose tag `v1` points at `source` (a test
+/// image; digest returned); a re-push later points it at debian.
+fn fresh_tag(cluster: &Cluster, label: &str, source: &str) -> (String, String) {
+    let image = cluster.image(&format!("pin-{label}-{}:v1", std::process::id()));
+    skopeo_copy(&cluster.image(source), &image);
+    let digest = tag_digest(&image);
+    (image, digest)
+}
+
+/// What each image prints for `cat /etc/debian_version || echo busybox`.
+const WHICH: &str = "cat /etc/debian_version 2>/dev/null || echo busybox-image";
+
+fn nodes(cluster: &Cluster) -> usize {
+    cluster.var("BERTH_TEST_NODE_NAMES").split(',').count()
+}
+
+/// Asserts every setup line of the nodes (`srun -v`) names `digest` and
+/// none names `other`; returns how many nodes reported.
+fn assert_nodes_ran(stderr: &str, digest: &str, other: &str) -> usize {
+    let setup: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("berth: node") && l.contains(" lookup "))
+        .collect();
+    for line in &setup {
+        assert!(line.contains(digest), "{line}\n--- all:\n{stderr}");
+    }
+    assert!(
+        !stderr.contains(other),
+        "the re-pushed digest appears:\n{stderr}"
+    );
+    setup.len()
+}
+
+/// srun: the tag is resolved before the job waits for its start time; a
+/// re-push meanwhile changes nothing; `srun -v` names the digest.
+#[test]
+fn srun_runs_the_digest_of_submission() {
+    let Some(cluster) = Cluster::get() else {
+        return;
+    };
+    let (image, first) = fresh_tag(&cluster, "srun", "busybox:latest");
+    let n = nodes(&cluster).to_string();
+    let option = format!("--container-image={image}");
+    let run = std::thread::scope(|s| {
+        let job = s.spawn(|| {
+            cluster.srun(
+                Submitter::User,
+                &[
+                    "-v",
+                    "-N",
+                    &n,
+                    "--begin=now+4",
+                    "-J",
+                    "berth-pin-srun",
+                    &option,
+                    "sh",
+                    "-c",
+                    WHICH,
+                ],
+            )
+        });
+        assert!(
+            common::wait_for(Duration::from_secs(20), || cluster
+                .job_exists("berth-pin-srun")),
+            "the job was not submitted"
+        );
+        skopeo_copy(&cluster.image("debian:bookworm"), &image);
+        job.join().unwrap()
+    })
+    .ok();
+    let second = tag_digest(&image);
+    assert_ne!(first, second, "the re-push changed the tag");
+    assert!(
+        run.stderr
+            .contains(&format!("srun: berth: {image} resolved to {first}")),
+        "{}",
+        run.stderr
+    );
+    let outputs: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(outputs.len(), nodes(&cluster), "{}", run.stdout);
+    assert!(
+        outputs.iter().all(|l| *l == "busybox-image"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(
+        assert_nodes_ran(&run.stderr, &first, &second),
+        nodes(&cluster)
+    );
+    // A later job asks again and runs the new digest.
+    let again = cluster
+        .srun(Submitter::User, &["-N1", &option, "sh", "-c", WHICH])
+        .ok();
+    assert_ne!(again.stdout.trim(), "busybox-image", "{}", again.stdout);
+}
+
+/// sbatch: the digest resolved at sbatch time is what the batch step runs
+/// (a held job: re-pushed, then released).
+#[test]
+fn sbatch_runs_the_digest_of_submission() {
+    let Some(cluster) = Cluster::get() else {
+        return;
+    };
+    let (image, first) = fresh_tag(&cluster, "sbatch", "busybox:latest");
+    let work = cluster.var("BERTH_TEST_WORKDIR");
+    let out = format!("{work}/pin-sbatch-{}.out", std::process::id());
+    let _ = std::fs::remove_file(&out);
+    let submitted = cluster
+        .slurm(
+            Submitter::User,
+            "sbatch",
+            &[
+                "--parsable",
+                "--hold",
+                "-N1",
+                &format!("--container-image={image}"),
+                "-o",
+                &out,
+                "--wrap",
+                WHICH,
+            ],
+        )
+        .ok();
+    let job = submitted.stdout.trim().to_string();
+    skopeo_copy(&cluster.image("debian:bookworm"), &image);
+    assert_ne!(first, tag_digest(&image));
+    cluster
+        .slurm(Submitter::Root, "scontrol", &["release", &job])
+        .ok();
+    let done = common::wait_for(Duration::from_secs(120), || {
+        let q = cluster.slurm(Submitter::Root, "squeue", &["-h", "-j", &job]);
+        q.stdout.trim().is_empty()
+    });
+    assert!(done, "job {job} did not end");
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    assert_eq!(text.trim(), "busybox-image", "{text}");
+}
+
+/// salloc: the steps of an allocation run the digest resolved when it was
+/// requested (re-pushed while it waits for its start time), and `srun -v`
+/// inside says so; a step naming its own image resolves that one itself.
+#[test]
+fn allocation_steps_run_the_digest_of_submission() {
+    let Some(cluster) = Cluster::get() else {
+        return;
+    };
+    let (image, first) = fresh_tag(&cluster, "salloc", "busybox:latest");
+    let (own_image, own_digest) = fresh_tag(&cluster, "salloc-own", "busybox:v2s2");
+    let n = nodes(&cluster);
+    let script =
+        format!("srun -v -N{n} sh -c '{WHICH}' && srun -v -N1 --container-image={own_image} true");
+    let run = std::thread::scope(|s| {
+        let job = s.spawn(|| {
+            cluster.slurm(
+                Submitter::User,
+                "salloc",
+                &[
+                    &format!("-N{n}"),
+                    "--begin=now+4",
+                    "-J",
+                    "berth-pin-salloc",
+                    &format!("--container-image={image}"),
+                    "sh",
+                    "-c",
+                    &script,
+                ],
+            )
+        });
+        assert!(
+            common::wait_for(Duration::from_secs(20), || cluster
+                .job_exists("berth-pin-salloc")),
+            "the allocation was not requested"
+        );
+        skopeo_copy(&cluster.image("debian:bookworm"), &image);
+        job.join().unwrap()
+    })
+    .ok();
+    let second = tag_digest(&image);
+    assert_ne!(first, second);
+    let outputs: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(outputs.len(), n, "{}", run.stdout);
+    assert!(
+        outputs.iter().all(|l| *l == "busybox-image"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stderr.contains(&format!(
+            "srun: berth: {image} resolved to {first} (pinned when the job was submitted)"
+        )),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains(&format!(
+            "srun: berth: {own_image} resolved to {own_digest}"
+        )),
+        "{}",
+        run.stderr
+    );
+    let setup_first = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains(" lookup ") && l.contains(&first))
+        .count();
+    assert_eq!(setup_first, n, "{}", run.stderr);
+    assert!(!run.stderr.contains(&second), "{}", run.stderr);
+}
+
+/// Default output stays quiet: no digest line, no timings without `-v`; an
+/// image the registry does not have fails before anything is allocated.
+#[test]
+fn quiet_by_default_and_missing_images_fail_at_submission() {
+    let Some(cluster) = Cluster::get() else {
+        return;
+    };
+    let busybox = cluster.image("busybox:latest");
+    let run = cluster
+        .srun(
+            Submitter::User,
+            &["-N1", &format!("--container-image={busybox}"), "true"],
+        )
+        .ok();
+    assert!(!run.stderr.contains("resolved to"), "{}", run.stderr);
+    assert!(!run.stderr.contains(" lookup "), "{}", run.stderr);
+    let missing = cluster.image(&format!("no-such-image-{}:v1", std::process::id()));
+    let run = cluster
+        .srun(
+            Submitter::User,
+            &[
+                "-N1",
+                "-J",
+                "berth-pin-missing",
+                &format!("--container-image={missing}"),
+                "true",
+            ],
+        )
+        .failed();
+    assert!(
+        run.stderr.contains("not found in registry")
+            && run.stderr.contains("checked when the job was submitted"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        !cluster.job_exists("berth-pin-missing"),
+        "nothing allocated"
+    );
+}
