@@ -127,7 +127,9 @@ EOF
             printf 'NodeName=%s NodeAddr=%s NodeHostname=%s CPUs=4 State=UNKNOWN\n' \
                 "$(node_name "$i")" "$(node_ip "$i")" "$(node_name "$i")"
         done
-        printf 'PartitionName=debug Nodes=%s Default=YES MaxTime=INFINITE State=UP\n' "$nodelist"
+        # OverSubscribe=YES: jobs that ask (--oversubscribe) may share CPUs,
+        # for tests that run more jobs on one node than it has CPUs.
+        printf 'PartitionName=debug Nodes=%s Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES\n' "$nodelist"
     } >"$SLURM_CONF_FILE"
 
     # Bind-mounted over /etc/hosts inside the controller's and the nodes'
