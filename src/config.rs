@@ -58,6 +58,10 @@ pub struct Config {
     pub mirrors: Vec<(String, String)>,
     /// Retries of a failed registry request (`registry_retries=N`; `None`: the built-in 3).
     pub registry_retries: Option<u32>,
+    /// Seconds a registry may stay silent (connecting, or between two reads
+    /// of an answer) before the request is abandoned (`registry_timeout=N`;
+    /// `None`: the built-in 30 s to connect, 60 s per read).
+    pub registry_timeout: Option<u32>,
 }
 
 /// How much the plugin logs (`log_level`). Each level includes the ones
@@ -152,6 +156,7 @@ pub const KEYS: &[&str] = &[
     "cdi_spec_dirs",
     "mirrors",
     "registry_retries",
+    "registry_timeout",
 ];
 
 impl Default for Config {
@@ -168,6 +173,7 @@ impl Default for Config {
             inject: InjectConfig::default(),
             mirrors: Vec::new(),
             registry_retries: None,
+            registry_timeout: None,
         }
     }
 }
@@ -322,6 +328,18 @@ impl Config {
                 })?;
                 self.registry_retries = Some(n);
             }
+            "registry_timeout" => {
+                let n: u32 = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=3600).contains(n))
+                    .ok_or_else(|| {
+                        err(format!(
+                            "{key}={value}: expected a number of seconds from 1 to 3600"
+                        ))
+                    })?;
+                self.registry_timeout = Some(n);
+            }
             "container_scope" => match value {
                 "job" | "global" => self.container_scope = value.to_string(),
                 _ => return Err(err(format!("{key}={value}: expected `job` or `global`"))),
@@ -455,6 +473,7 @@ mod tests {
         let config = Config::from_plugstack_args(&args(&[
             "mirrors=docker.io=mirror.site:5000, ghcr.io=10.0.0.1:5001",
             "registry_retries=5",
+            "registry_timeout=7",
         ]))
         .unwrap();
         assert_eq!(
@@ -465,10 +484,13 @@ mod tests {
             ]
         );
         assert_eq!(config.registry_retries, Some(5));
+        assert_eq!(config.registry_timeout, Some(7));
         for bad in [
             "mirrors=docker.io",
             "mirrors=docker.io=https://m",
             "registry_retries=x",
+            "registry_timeout=0",
+            "registry_timeout=5s",
         ] {
             let e = Config::from_plugstack_args(&args(&[bad])).unwrap_err();
             assert!(

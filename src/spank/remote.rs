@@ -554,6 +554,9 @@ fn pull(config: &Config, store: &Path, image: &str) -> Result<StoredImage, Strin
     if let Some(n) = config.registry_retries {
         command.arg("--registry-retries").arg(n.to_string());
     }
+    if let Some(n) = config.registry_timeout {
+        command.arg("--registry-timeout").arg(n.to_string());
+    }
     command.arg("--progress").arg("lines");
     command.arg("--").arg(image);
     command
@@ -568,10 +571,7 @@ fn pull(config: &Config, store: &Path, image: &str) -> Result<StoredImage, Strin
         )
     })?;
     if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        // The helper's message already names the image and what to do.
-        let message = stderr.trim().trim_start_matches("error: ");
-        return Err(message.to_string());
+        return Err(pull_failure(image, &output));
     }
     // One short line for the user when the image was fetched (not when cached).
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -592,9 +592,72 @@ fn pull(config: &Config, store: &Path, image: &str) -> Result<StoredImage, Strin
         .map_err(|e| format!("the berth helper gave an unreadable answer for '{image}': {e}"))
 }
 
+/// What to tell the user when `berth pull` failed: its error (which names the
+/// image and what to do) without its progress lines, or how it ended when it
+/// said nothing (killed).
+fn pull_failure(image: &str, output: &std::process::Output) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // Progress lines come first; the error (possibly several lines) is last,
+    // from the first line that starts with `error: `.
+    let error = stderr
+        .match_indices("error: ")
+        .find(|(at, _)| *at == 0 || stderr[..*at].ends_with('\n'))
+        .map_or("", |(at, _)| stderr[at + "error: ".len()..].trim());
+    if !error.is_empty() {
+        if error.contains(image) {
+            return error.to_string();
+        }
+        return format!("cannot pull image '{image}': {error}");
+    }
+    let how = match output.status.signal() {
+        Some(signal) => format!(
+            "was killed by signal {signal} ({})",
+            nix::sys::signal::Signal::try_from(signal).map_or("unknown", |s| s.as_str())
+        ),
+        None => format!("failed with {}", output.status),
+    };
+    format!(
+        "the pull of image '{image}' on this node {how} before it finished; nothing was \
+         stored, the next step pulls it again{}",
+        match stderr.lines().rev().find(|l| !l.trim().is_empty()) {
+            Some(last) => format!(" (its last message: {})", last.trim()),
+            None => String::new(),
+        }
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pull_failures_show_the_error_or_how_the_pull_ended() {
+        use std::os::unix::process::ExitStatusExt;
+        let output = |raw: i32, stderr: &str| std::process::Output {
+            status: std::process::ExitStatus::from_raw(raw),
+            stdout: Vec::new(),
+            stderr: stderr.as_bytes().to_vec(),
+        };
+        let failed = output(
+            1 << 8,
+            "berth: resolving x\nberth: layer sha256:aa fetched\nerror: cannot fetch x: HTTP 500\n",
+        );
+        assert_eq!(pull_failure("x", &failed), "cannot fetch x: HTTP 500");
+        let nested = output(1 << 8, "error: registry r down (io error: refused)\n");
+        assert_eq!(
+            pull_failure("img", &nested),
+            "cannot pull image 'img': registry r down (io error: refused)"
+        );
+        let killed = output(9, "berth: resolving x\n");
+        let message = pull_failure("x", &killed);
+        assert!(
+            message.contains("killed by signal 9 (SIGKILL)")
+                && message.contains("'x'")
+                && message.contains("berth: resolving x"),
+            "{message}"
+        );
+    }
 
     #[test]
     fn pmi_binds_keep_existing_dirs_outside_tmp() {
