@@ -54,7 +54,7 @@ trap teardown EXIT
 tests/harness/registry.sh up
 source tests/harness/lib.sh >/dev/null
 # One store per node (%n), as on a real cluster with node-local NVMe.
-export BERTH_PLUGSTACK_LINE="required $PREFIX/lib/slurm/spank_berth.so helper_path=$PREFIX/bin/berth store_path=$STATE/nodes/%n/berth-store runtime_path=/run/$BERTH_TEST_NAME/berth insecure_registries=$REGISTRY_ADDR,$TOKEN_REGISTRY_ADDR inject_dir=$STATE/inject.d"
+export BERTH_PLUGSTACK_LINE="required $PREFIX/lib/slurm/spank_berth.so helper_path=$PREFIX/bin/berth store_path=$STATE/nodes/%n/berth-store runtime_path=/run/$BERTH_TEST_NAME/berth insecure_registries=$REGISTRY_ADDR,$TOKEN_REGISTRY_ADDR,$FAULT_PROXY_ADDR inject_dir=$STATE/inject.d"
 tests/harness/cluster.sh up
 tests/harness/images.sh build
 tests/harness/images.sh push
@@ -68,7 +68,7 @@ cargo build --release --locked --examples
 cargo test --release --locked --no-run --test package --test cluster_leftovers
 cargo test --release --locked --no-fail-fast --lib --bins --test container_runtime --test container_join \
     --test store_cli --test cli --test cluster --test cluster_entry --test cluster_named --test umoci_equivalence --test fuzz_smoke --test security --test doctor \
-    --test cluster_mpi --test gpu_inject --test cluster_pull -- --test-threads=2
+    --test cluster_mpi --test gpu_inject --test cluster_pull --test cluster_faults -- --test-threads=2
 log "Debian package: two versions, installed and upgraded under a running job (alone: it switches the drop-in)"
 debs=$STATE/debs
 rm -rf "$debs"
