@@ -1263,7 +1263,7 @@ fn sixteen_concurrent_steps_fetch_each_blob_once() {
     let repository = f.repository("concurrent");
     let base = busybox_layer(&f.busybox_tar(), &repository);
     let shared = file_layer("shared", &noise(2 << 20, 1));
-    let a = f.push_image(&repository, "a", &base, &[shared.clone()], None);
+    let a = f.push_image(&repository, "a", &base, std::slice::from_ref(&shared), None);
     let b = f.push_image(
         &repository,
         "b",
