@@ -69,6 +69,10 @@ pub struct Config {
     pub store_lease_timeout: Duration,
     /// `store_wait_timeout=SECONDS`: the longest wait for another node's pull.
     pub store_wait_timeout: Duration,
+    /// Seconds a registry may stay silent (connecting, or between two reads
+    /// of an answer) before the request is abandoned (`registry_timeout=N`;
+    /// `None`: the built-in 30 s to connect, 60 s per read).
+    pub registry_timeout: Option<u32>,
 }
 
 /// How much the plugin logs (`log_level`). Each level includes the ones
@@ -230,6 +234,7 @@ pub const KEYS: &[&str] = &[
     "store_shared",
     "store_lease_timeout",
     "store_wait_timeout",
+    "registry_timeout",
 ];
 
 impl Default for Config {
@@ -250,6 +255,7 @@ impl Default for Config {
             store_shared: false,
             store_lease_timeout: crate::store::shared::DEFAULT_LEASE_TIMEOUT,
             store_wait_timeout: crate::store::shared::DEFAULT_WAIT_TIMEOUT,
+            registry_timeout: None,
         }
     }
 }
@@ -517,6 +523,18 @@ impl Config {
                     _ => self.store_wait_timeout = duration,
                 }
             }
+            "registry_timeout" => {
+                let n: u32 = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=3600).contains(n))
+                    .ok_or_else(|| {
+                        err(format!(
+                            "{key}={value}: expected a number of seconds from 1 to 3600"
+                        ))
+                    })?;
+                self.registry_timeout = Some(n);
+            }
             "container_scope" => match value {
                 "job" | "global" => self.container_scope = value.to_string(),
                 _ => return Err(err(format!("{key}={value}: expected `job` or `global`"))),
@@ -650,6 +668,7 @@ mod tests {
         let config = Config::from_plugstack_args(&args(&[
             "mirrors=docker.io=mirror.site:5000, ghcr.io=10.0.0.1:5001",
             "registry_retries=5",
+            "registry_timeout=7",
         ]))
         .unwrap();
         assert_eq!(
@@ -660,10 +679,13 @@ mod tests {
             ]
         );
         assert_eq!(config.registry_retries, Some(5));
+        assert_eq!(config.registry_timeout, Some(7));
         for bad in [
             "mirrors=docker.io",
             "mirrors=docker.io=https://m",
             "registry_retries=x",
+            "registry_timeout=0",
+            "registry_timeout=5s",
         ] {
             let e = Config::from_plugstack_args(&args(&[bad])).unwrap_err();
             assert!(

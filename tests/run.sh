@@ -57,7 +57,7 @@ trap teardown EXIT
 tests/harness/registry.sh up
 source tests/harness/lib.sh >/dev/null
 # One store per node (%n), as on a real cluster with node-local NVMe.
-export BERTH_PLUGSTACK_LINE="required $PREFIX/lib/slurm/spank_berth.so helper_path=$PREFIX/bin/berth store_path=$STATE/nodes/%n/berth-store runtime_path=/run/$BERTH_TEST_NAME/berth insecure_registries=$REGISTRY_ADDR,$TOKEN_REGISTRY_ADDR inject_dir=$STATE/inject.d fanout=sbcast fanout_dir=/tmp/berth-fanout fanout_wait=60 fanout_intent_wait=5"
+export BERTH_PLUGSTACK_LINE="required $PREFIX/lib/slurm/spank_berth.so helper_path=$PREFIX/bin/berth store_path=$STATE/nodes/%n/berth-store runtime_path=/run/$BERTH_TEST_NAME/berth insecure_registries=$REGISTRY_ADDR,$TOKEN_REGISTRY_ADDR,$FAULT_PROXY_ADDR inject_dir=$STATE/inject.d fanout=sbcast fanout_dir=/tmp/berth-fanout fanout_wait=60 fanout_intent_wait=5"
 tests/harness/cluster.sh up
 tests/harness/images.sh build
 tests/harness/images.sh push
@@ -71,7 +71,7 @@ cargo build --release --locked --examples
 cargo test --release --locked --no-run --test package --test cluster_leftovers --test cluster_shared
 cargo test --release --locked --no-fail-fast --lib --bins --test container_runtime --test container_join \
     --test store_cli --test cli --test cluster --test cluster_entry --test cluster_named --test umoci_equivalence --test fuzz_smoke --test security --test doctor \
-    --test cluster_mpi --test gpu_inject --test cluster_pull --test cluster_fanout --test cluster_pin -- --test-threads=2
+    --test cluster_mpi --test gpu_inject --test cluster_pull --test cluster_fanout --test cluster_pin --test cluster_faults -- --test-threads=2
 log "shared store (alone: it points the drop-in at a shared store)"
 cargo test --release --locked --test cluster_shared
 log "Debian package: two versions, installed and upgraded under a running job (alone: it switches the drop-in)"

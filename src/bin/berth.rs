@@ -14,7 +14,7 @@ use berth::container::{holder_main, spawn_holder, Mode};
 use berth::inject::{self, gpu::GpuRequest};
 use berth::named::{check_name, NamedKey, NamedRoots, Scope};
 use berth::reference::ImageSource;
-use berth::registry::{RegistryOptions, RetryPolicy};
+use berth::registry::{RegistryOptions, RetryPolicy, Timeouts};
 use berth::store::units::{format_size, format_utc, parse_size};
 use berth::store::{
     pull_image, GcOptions, NotInStore, ProgressMode, PullOptions, RemoveOutcome, Store,
@@ -189,6 +189,11 @@ struct StoreArgs {
     /// Retries of a failed registry request (default: 3, or `registry_retries` of the config file).
     #[arg(long)]
     registry_retries: Option<u32>,
+    /// Seconds a registry may stay silent (connecting, or between two reads)
+    /// before a request is abandoned (default: 30 to connect, 60 per read, or
+    /// `registry_timeout` of the config file).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=3600))]
+    registry_timeout: Option<u32>,
     /// Progress on stderr: `auto` (bars on a terminal, else lines), `bars`, `lines`, `none`.
     #[arg(long, default_value = "auto", value_parser = ["auto", "bars", "lines", "none"])]
     progress: String,
@@ -253,6 +258,14 @@ impl StoreArgs {
         if let Some(n) = self.registry_retries.or(config.registry_retries) {
             retry.attempts = n + 1;
         }
+        let mut timeouts = Timeouts::default();
+        if let Some(seconds) = self.registry_timeout.or(config.registry_timeout) {
+            let limit = std::time::Duration::from_secs(u64::from(seconds));
+            timeouts = Timeouts {
+                connect: limit,
+                read: limit,
+            };
+        }
         let progress = match self.progress.as_str() {
             "bars" => ProgressMode::Bars,
             "lines" => ProgressMode::Lines,
@@ -286,6 +299,7 @@ impl StoreArgs {
                 insecure_registries: insecure,
                 mirrors,
                 retry,
+                timeouts,
                 ..RegistryOptions::default()
             },
             progress,

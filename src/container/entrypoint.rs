@@ -97,6 +97,15 @@ fn run_with_timeout(
                 .context("cannot duplicate the entrypoint log")?,
         ))
         .process_group(0);
+    // The entrypoint dies with the holder: killed during setup (kill -9,
+    // scancel), the holder must not leave it behind, stopped or running, in
+    // a container nobody will ever join (its mounts and loop device with it).
+    let holder = std::process::id() as libc::pid_t;
+    // SAFETY: the closure makes raw syscalls only (prctl, getppid); the holder
+    // is single-threaded.
+    unsafe {
+        command.pre_exec(move || die_with_parent(holder));
+    }
     if remap_root {
         // SAFETY: the closure makes one raw syscall (seccomp); the holder is
         // single-threaded.
@@ -140,6 +149,20 @@ fn run_with_timeout(
         unset,
         log: output,
     })
+}
+
+/// Asks for SIGKILL when the parent `parent` exits; fails if it is already
+/// gone. Runs between fork and exec.
+fn die_with_parent(parent: libc::pid_t) -> std::io::Result<()> {
+    // SAFETY: prctl with integer arguments; no memory is passed.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: getppid has no arguments and cannot fail.
+    if unsafe { libc::getppid() } != parent {
+        return Err(std::io::Error::other("the container helper exited"));
+    }
+    Ok(())
 }
 
 /// Waits for `pid` to stop (`None`), or says why it will not.

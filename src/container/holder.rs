@@ -77,6 +77,17 @@ pub fn holder_main() -> ! {
         );
         std::process::exit(2);
     }
+    // What the holder starts (the image ENTRYPOINT, FUSE daemons) must not
+    // inherit the channel: it would keep the caller from seeing the holder
+    // die, and hand the user a line to a root process.
+    // SAFETY: fcntl on a descriptor number with constant flags.
+    if unsafe { libc::fcntl(HOLDER_FD, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+        eprintln!(
+            "berth: cannot set close-on-exec on fd {HOLDER_FD}: {}",
+            std::io::Error::last_os_error()
+        );
+        std::process::exit(2);
+    }
     // SAFETY: fd 3 is the socket our caller handed over; nothing else in this
     // process owns it.
     let stream = unsafe { UnixStream::from_raw_fd(HOLDER_FD) };

@@ -67,23 +67,35 @@ pub fn spawn_holder(
         )
     })?;
     drop(theirs);
-    let result = Channel::new(ours).and_then(|mut channel| drive(&mut channel, &child, spec, mode));
-    finish_child(&mut child, result.is_ok())
-        .and(result)
-        .with_context(|| {
-            format!(
-                "cannot set up the container for image {}",
-                spec.squashfs.display()
-            )
-        })
+    let mut container_ns = None;
+    let result = Channel::new(ours)
+        .and_then(|mut channel| drive(&mut channel, &child, spec, mode, &mut container_ns));
+    let finished = finish_child(&mut child, result.is_ok());
+    if result.is_err() {
+        if let Some(ns) = &container_ns {
+            // The holder died or failed half-way: what it started inside
+            // (the image ENTRYPOINT and its children) must not keep the
+            // half-built container, its mounts and loop device alive.
+            kill_namespace_members(ns);
+        }
+    }
+    finished.and(result).with_context(|| {
+        format!(
+            "cannot set up the container for image {}",
+            spec.squashfs.display()
+        )
+    })
 }
 
 /// Runs the protocol: Start, maps, Ready; opens the namespaces; Release.
+/// `container_ns` gets the container's mount namespace as soon as the holder
+/// made it (for cleaning up after a failure).
 fn drive(
     channel: &mut Channel,
     child: &Child,
     spec: &ContainerSpec,
     mode: Mode,
+    container_ns: &mut Option<OwnedFd>,
 ) -> anyhow::Result<Container> {
     channel.set_timeout(STEP_TIMEOUT)?;
     let mut spec_for_holder = spec.clone();
@@ -100,6 +112,8 @@ fn drive(
     loop {
         match channel.recv::<FromHolder>()? {
             FromHolder::NeedMaps { .. } => {
+                // The mount namespace the container lives in from here on.
+                *container_ns = open_namespace(pid, "mnt").ok();
                 write_id_maps(pid, &spec.user, mode, spec.remap_root)?;
                 channel.send(&ToHolder::MapsWritten)?;
             }
@@ -159,6 +173,42 @@ fn finish_child(child: &mut Child, succeeded: bool) -> anyhow::Result<()> {
         bail!("the container helper exited with {status} after setup");
     }
     Ok(())
+}
+
+/// SIGKILLs every process in the mount namespace `ns` (held open by the
+/// caller, so its inode names no other namespace), until none is left or a
+/// second has passed.
+fn kill_namespace_members(ns: &OwnedFd) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = File::from(match ns.try_clone() {
+        Ok(fd) => fd,
+        Err(_) => return,
+    })
+    .metadata() else {
+        return;
+    };
+    let link = format!("mnt:[{}]", meta.ino());
+    for _ in 0..50 {
+        let mut found = false;
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let in_ns = std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
+                .is_ok_and(|target| target.as_os_str() == link.as_str());
+            if in_ns {
+                found = true;
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        if !found {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn check_caller(spec: &ContainerSpec, mode: Mode) -> anyhow::Result<()> {

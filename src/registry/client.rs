@@ -739,6 +739,12 @@ fn build_agent(options: &RegistryOptions, proxy: Option<ureq::Proxy>) -> ureq::A
         .timeout_read(options.timeouts.read)
         .timeout_write(options.timeouts.read)
         .user_agent(&options.user_agent)
+        // No keep-alive pool: ureq 2 clears a connection's socket timeouts
+        // when it goes back to the pool and does not set them again on
+        // reuse, so a registry that stalls on a reused connection would
+        // hang the pull forever. One connection per request keeps
+        // `timeouts.read` in force on every request.
+        .max_idle_connections(0)
         // Proxies are chosen per request (NO_PROXY), see `agent_for`.
         .try_proxy_from_env(false)
         // Redirects are followed by hand so that credentials never go to another host.

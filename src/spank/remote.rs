@@ -569,18 +569,6 @@ fn node_name(spank: &Spank) -> String {
     }
 }
 
-/// Whether a helper line is progress (shown live), not part of an error.
-fn is_progress_line(line: &str) -> bool {
-    [
-        "berth: fetched ",
-        "berth: all ",
-        "berth: resolving ",
-        "berth: fetching ",
-    ]
-    .iter()
-    .any(|p| line.starts_with(p))
-}
-
 /// Pulls the image and takes a shared hold on it for the step. `berth gc` may
 /// remove an image between the pull and the hold: then pull once more.
 pub(super) fn pull_and_hold(
@@ -656,6 +644,9 @@ pub(super) fn run_pull(
         command.arg("--registry-retries").arg(n.to_string());
     }
     command.args(config.shared_store_args());
+    if let Some(n) = config.registry_timeout {
+        command.arg("--registry-timeout").arg(n.to_string());
+    }
     command.arg("--progress").arg("lines");
     command.arg("--").arg(image);
     command
@@ -687,15 +678,7 @@ pub(super) fn run_pull(
         return super::fanout::not_in_store(&output.stdout, image).map(PullAnswer::NotInStore);
     }
     if !output.status.success() {
-        // The helper's message already names the image and what to do.
-        let message = output
-            .stderr
-            .lines()
-            .filter(|l| !is_progress_line(l))
-            .collect::<Vec<_>>()
-            .join("\n");
-        let message = message.trim().trim_start_matches("error: ");
-        return Err(message.to_string());
+        return Err(pull_failure(image, output.status, &output.stderr));
     }
     super::timings::record_helper_output(&output.stderr);
     super::timings::helper_notes(&output.stderr)
@@ -706,9 +689,71 @@ pub(super) fn run_pull(
         .map_err(|e| format!("the berth helper gave an unreadable answer for '{image}': {e}"))
 }
 
+/// What to tell the user when `berth pull` failed: its error (which names the
+/// image and what to do) without its progress lines, or how it ended when it
+/// said nothing (killed).
+fn pull_failure(image: &str, status: std::process::ExitStatus, stderr: &str) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    // Progress lines come first; the error (possibly several lines) is last,
+    // from the first line that starts with `error: `.
+    let error = stderr
+        .match_indices("error: ")
+        .find(|(at, _)| *at == 0 || stderr[..*at].ends_with('\n'))
+        .map_or("", |(at, _)| stderr[at + "error: ".len()..].trim());
+    if !error.is_empty() {
+        if error.contains(image) {
+            return error.to_string();
+        }
+        return format!("cannot pull image '{image}': {error}");
+    }
+    let how = match status.signal() {
+        Some(signal) => format!(
+            "was killed by signal {signal} ({})",
+            nix::sys::signal::Signal::try_from(signal).map_or("unknown", |s| s.as_str())
+        ),
+        None => format!("failed with {status}"),
+    };
+    format!(
+        "the pull of image '{image}' on this node {how} before it finished; nothing was \
+         stored, the next step pulls it again{}",
+        match stderr.lines().rev().find(|l| !l.trim().is_empty()) {
+            Some(last) => format!(" (its last message: {})", last.trim()),
+            None => String::new(),
+        }
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pull_failures_show_the_error_or_how_the_pull_ended() {
+        use std::os::unix::process::ExitStatusExt;
+        let output =
+            |raw: i32, stderr: &str| (std::process::ExitStatus::from_raw(raw), stderr.to_string());
+        let failed = output(
+            1 << 8,
+            "berth: resolving x\nberth: layer sha256:aa fetched\nerror: cannot fetch x: HTTP 500\n",
+        );
+        assert_eq!(
+            pull_failure("x", failed.0, &failed.1),
+            "cannot fetch x: HTTP 500"
+        );
+        let nested = output(1 << 8, "error: registry r down (io error: refused)\n");
+        assert_eq!(
+            pull_failure("img", nested.0, &nested.1),
+            "cannot pull image 'img': registry r down (io error: refused)"
+        );
+        let killed = output(9, "berth: resolving x\n");
+        let message = pull_failure("x", killed.0, &killed.1);
+        assert!(
+            message.contains("killed by signal 9 (SIGKILL)")
+                && message.contains("'x'")
+                && message.contains("berth: resolving x"),
+            "{message}"
+        );
+    }
 
     #[test]
     fn pmi_binds_keep_existing_dirs_outside_tmp() {

@@ -42,7 +42,36 @@ const CONFIG_TYPES: &[&str] = &[
     "application/vnd.docker.container.image.v1+json",
 ];
 
+/// Pulls `image` into `store`. A full file system is named as such, with what
+/// to do; what the pull wrote is gone again by then (temp entries).
 pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Result<StoredImage> {
+    pull_unchecked(store, image, options).map_err(|e| {
+        if !out_of_space(&e) {
+            return e;
+        }
+        e.context(format!(
+            "no space left in the image store {} while pulling {image}: free space there \
+             (`berth gc --max-size SIZE`, `berth rmi IMAGE`) or move the store to a larger \
+             file system (store_path)",
+            store.root().display()
+        ))
+    })
+}
+
+/// Whether `e` comes from a full file system or an exhausted quota (also as
+/// reported by tar2sqfs, which says so only in its message).
+fn out_of_space(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        let io = cause
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::raw_os_error);
+        matches!(io, Some(libc::ENOSPC | libc::EDQUOT))
+            || cause.to_string().contains("No space left on device")
+            || cause.to_string().contains("Disk quota exceeded")
+    })
+}
+
+fn pull_unchecked(store: &Store, image: &ImageRef, options: &PullOptions) -> Result<StoredImage> {
     let started = std::time::Instant::now();
     let progress = Progress::new(options.progress);
     let client = RegistryClient::new(&options.registry);
@@ -428,6 +457,16 @@ fn fetch_blob(
         progress.stored(index);
         return Ok(dest);
     }
+    // A pull of another image that shares this layer may be downloading it:
+    // wait for it and use its blob, so each blob is fetched once per store.
+    let blob_lock = store
+        .locks_dir()
+        .join(format!("blob-{}.lock", digest.hex()));
+    let _blob_lock = FileLock::exclusive(&blob_lock, || {})?;
+    if fs::metadata(&dest).is_ok_and(|m| m.len() == size) {
+        progress.stored(index);
+        return Ok(dest);
+    }
     progress.downloading(index);
     let mut attempt = 1;
     loop {
@@ -643,6 +682,17 @@ mod tests {
             notes[0].contains(&a) && notes[0].contains("cdn.example"),
             "{notes:?}"
         );
+    }
+
+    #[test]
+    fn a_full_file_system_is_recognised() {
+        let full = anyhow::Error::new(std::io::Error::from_raw_os_error(libc::ENOSPC))
+            .context("cannot write blob");
+        assert!(out_of_space(&full));
+        let tool = anyhow::anyhow!("tar2sqfs: writing image.sqfs: No space left on device");
+        assert!(out_of_space(&tool.context("cannot convert")));
+        let other = anyhow::Error::new(std::io::Error::from_raw_os_error(libc::EIO));
+        assert!(!out_of_space(&other));
     }
 
     #[test]

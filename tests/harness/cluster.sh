@@ -127,12 +127,14 @@ EOF
             printf 'NodeName=%s NodeAddr=%s NodeHostname=%s CPUs=4 State=UNKNOWN\n' \
                 "$(node_name "$i")" "$(node_ip "$i")" "$(node_name "$i")"
         done
+        # OverSubscribe=YES: jobs that ask (--oversubscribe) may share CPUs,
+        # for tests that run more jobs on one node than it has CPUs.
         local default_list="" j
         for ((j = 1; j <= DEFAULT_NODES; j++)); do
             default_list+=${default_list:+,}$(node_name "$j")
         done
-        printf 'PartitionName=debug Nodes=%s Default=YES MaxTime=INFINITE State=UP\n' "$default_list"
-        printf 'PartitionName=wide Nodes=%s MaxTime=INFINITE State=UP\n' "$nodelist"
+        printf 'PartitionName=debug Nodes=%s Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES\n' "$default_list"
+        printf 'PartitionName=wide Nodes=%s MaxTime=INFINITE State=UP OverSubscribe=YES\n' "$nodelist"
     } >"$SLURM_CONF_FILE"
 
     # Bind-mounted over /etc/hosts inside the controller's and the nodes'

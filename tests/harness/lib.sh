@@ -21,6 +21,9 @@
 #   BERTH_TEST_REGISTRY_PORT      anonymous registry, default 15000
 #   BERTH_TEST_TOKEN_REGISTRY_PORT registry with bearer-token auth, default 15001
 #   BERTH_TEST_TOKEN_SERVER_PORT  token server, default 15002
+#   BERTH_TEST_FAULT_PROXY_PORT   fault-injecting proxy in front of the
+#                                 anonymous registry (fault-proxy.py),
+#                                 default: the registry's port + 3
 #   BERTH_PLUGSTACK_DIR           directory plugstack.conf includes
 #                                 (default /run/$NAME/etc/plugstack.conf.d)
 #   BERTH_TEST_CACHE_DIR          image and debootstrap cache
@@ -58,9 +61,11 @@ SLURMD_PORT=${BERTH_TEST_SLURMD_PORT:-16818}
 REGISTRY_PORT=${BERTH_TEST_REGISTRY_PORT:-15000}
 TOKEN_REGISTRY_PORT=${BERTH_TEST_TOKEN_REGISTRY_PORT:-15001}
 TOKEN_SERVER_PORT=${BERTH_TEST_TOKEN_SERVER_PORT:-15002}
+FAULT_PROXY_PORT=${BERTH_TEST_FAULT_PROXY_PORT:-$((REGISTRY_PORT + 3))}
 REGISTRY_ADDR=$BRIDGE_IP:$REGISTRY_PORT
 TOKEN_REGISTRY_ADDR=$BRIDGE_IP:$TOKEN_REGISTRY_PORT
 TOKEN_SERVER_URL=http://$BRIDGE_IP:$TOKEN_SERVER_PORT
+FAULT_PROXY_ADDR=$BRIDGE_IP:$FAULT_PROXY_PORT
 
 # Interface names are limited to 15 characters: use the first letters of
 # the name plus a short hash of the whole name.
@@ -173,7 +178,7 @@ cluster_running() {
 
 registry_running() {
     local f
-    for f in "$PID_DIR"/registry-*.pid "$PID_DIR"/token-server.pid; do
+    for f in "$PID_DIR"/registry-*.pid "$PID_DIR"/token-server.pid "$PID_DIR"/fault-proxy.pid; do
         [[ -e $f ]] || continue
         pid_alive "$f" && return 0
     done
@@ -222,6 +227,8 @@ export BERTH_TEST_TOKEN_REGISTRY=$TOKEN_REGISTRY_ADDR
 export BERTH_TEST_TOKEN_REALM=$TOKEN_SERVER_URL/token
 export BERTH_TEST_REGISTRY_LOG=$STATE_DIR/registry.log
 export BERTH_TEST_TOKEN_REGISTRY_LOG=$STATE_DIR/registry-token.log
+export BERTH_TEST_FAULT_PROXY=$FAULT_PROXY_ADDR
+export BERTH_TEST_FAULT_PROXY_LOG=$STATE_DIR/fault-proxy.log
 export BERTH_TEST_TOKEN_USER=berth
 export BERTH_TEST_TOKEN_PASSWORD=berthpass
 export BERTH_TEST_USER=berthuser

@@ -8,6 +8,8 @@
 #   10.77.0.1:15001  bearer-token auth (realm: token-server.py on :15002);
 #                    anonymous pull of public/*, user berth / berthpass for
 #                    everything else
+#   10.77.0.1:15003  fault-proxy.py in front of the anonymous registry: passes
+#                    requests on, or breaks them as a test asks (per repository)
 # Config, keys and certificates in /run/$NAME/registry; storage in
 # /var/lib/$NAME/registry/{anon,token} (emptied by up and by down); logs,
 # including one access-log line per HTTP request, in
@@ -29,6 +31,8 @@ TOKEN_SERVER_PID=$PID_DIR/token-server.pid
 ANON_LOG=$STATE_DIR/registry.log
 TOKEN_REG_LOG=$STATE_DIR/registry-token.log
 TOKEN_SERVER_LOG=$STATE_DIR/token-server.log
+FAULT_PROXY_PID=$PID_DIR/fault-proxy.pid
+FAULT_PROXY_LOG=$STATE_DIR/fault-proxy.log
 
 # write_registry_config FILE ADDR STORAGE [auth yaml lines...]
 write_registry_config() {
@@ -105,7 +109,8 @@ wait_http() {
 all_up() {
     pid_alive "$ANON_PID" docker-registry &&
         pid_alive "$TOKEN_REG_PID" docker-registry &&
-        pid_alive "$TOKEN_SERVER_PID" python3
+        pid_alive "$TOKEN_SERVER_PID" python3 &&
+        pid_alive "$FAULT_PROXY_PID" python3
 }
 
 cmd_up() {
@@ -127,6 +132,7 @@ cmd_up() {
     : >"$ANON_LOG"
     : >"$TOKEN_REG_LOG"
     : >"$TOKEN_SERVER_LOG"
+    : >"$FAULT_PROXY_LOG"
     ensure_bridge
 
     make_token_keys
@@ -149,18 +155,24 @@ cmd_up() {
     log "starting token-auth registry on http://$TOKEN_REGISTRY_ADDR"
     start_bg "$TOKEN_REG_PID" "$TOKEN_REG_LOG" docker-registry serve "$REG_RUN_DIR/token.yml"
 
+    log "starting fault proxy on http://$FAULT_PROXY_ADDR (-> $REGISTRY_ADDR)"
+    start_bg "$FAULT_PROXY_PID" "$FAULT_PROXY_LOG" \
+        python3 "$HARNESS_DIR/fault-proxy.py" --listen "$FAULT_PROXY_ADDR" --upstream "$REGISTRY_ADDR"
+
     wait_http "$TOKEN_SERVER_URL/token?service=$TOKEN_SERVICE" 200 "token server" "$TOKEN_SERVER_PID"
     wait_http "http://$REGISTRY_ADDR/v2/" 200 "anonymous registry" "$ANON_PID"
     wait_http "http://$TOKEN_REGISTRY_ADDR/v2/" 401 "token registry" "$TOKEN_REG_PID"
+    wait_http "http://$FAULT_PROXY_ADDR/v2/" 200 "fault proxy" "$FAULT_PROXY_PID"
     log "registries up in $((SECONDS - t0))s"
     log "  anonymous: http://$REGISTRY_ADDR   log $ANON_LOG"
     log "  token:     http://$TOKEN_REGISTRY_ADDR   log $TOKEN_REG_LOG (user berth / berthpass)"
     log "  realm:     $TOKEN_SERVER_URL/token   log $TOKEN_SERVER_LOG"
+    log "  faults:    http://$FAULT_PROXY_ADDR   log $FAULT_PROXY_LOG"
 }
 
 cmd_down() {
     need_root
-    stop_pidfiles 'docker-registry|python3' "$ANON_PID" "$TOKEN_REG_PID" "$TOKEN_SERVER_PID"
+    stop_pidfiles 'docker-registry|python3' "$ANON_PID" "$TOKEN_REG_PID" "$TOKEN_SERVER_PID" "$FAULT_PROXY_PID"
     rm -rf "$REG_RUN_DIR" "$REGISTRY_DIR"
     remove_shared_if_unused
     log "registries down (logs kept in $STATE_DIR)"
@@ -168,7 +180,7 @@ cmd_down() {
 
 cmd_status() {
     local f
-    for f in "$ANON_PID" "$TOKEN_REG_PID" "$TOKEN_SERVER_PID"; do
+    for f in "$ANON_PID" "$TOKEN_REG_PID" "$TOKEN_SERVER_PID" "$FAULT_PROXY_PID"; do
         if pid_alive "$f"; then
             printf '%-16s pid %s\n' "$(basename "$f" .pid)" "$(head -n1 "$f")"
         else
