@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -13,8 +14,11 @@ use berth::container::spec::{parse_mounts, ContainerSpec, UserIdentity};
 use berth::container::{holder_main, spawn_holder, Mode};
 use berth::inject::{self, gpu::GpuRequest};
 use berth::named::{check_name, NamedKey, NamedRoots, Scope};
+use berth::puller::{self, CredentialSet};
 use berth::reference::ImageSource;
-use berth::registry::{RegistryOptions, RetryPolicy};
+use berth::registry::{
+    ChainedCredentials, DockerCredentials, EnrootCredentials, RegistryOptions, RetryPolicy,
+};
 use berth::store::units::{format_size, format_utc, parse_size};
 use berth::store::{pull_image, GcOptions, ProgressMode, PullOptions, RemoveOutcome, Store};
 
@@ -40,6 +44,10 @@ enum Commands {
         /// Print the stored image as JSON on stdout (used by the Slurm plugin).
         #[arg(long)]
         json: bool,
+        /// Read the registry credentials from stdin (the plugin's puller; never
+        /// from argv or the environment).
+        #[arg(long, hide = true)]
+        credentials_stdin: bool,
     },
     /// Run a command inside an image.
     Run {
@@ -118,6 +126,16 @@ enum Commands {
     /// Internal: the container setup helper (spoken to over fd 3).
     #[command(name = "__holder", hide = true)]
     Holder,
+    /// Internal: look up the calling user's registry credentials for HOSTS
+    /// and write them to stdout, for the puller (run as the job's user).
+    #[command(name = "__credentials", hide = true)]
+    Credentials {
+        /// Only entries with this login (`user@registry#image`).
+        #[arg(long)]
+        login: Option<String>,
+        /// Registry and token-service hosts (`host[:port]`).
+        hosts: Vec<String>,
+    },
     /// Internal: the `--container-save` helper (one JSON argument).
     #[command(name = "__save", hide = true)]
     Save {
@@ -170,6 +188,10 @@ struct StoreArgs {
     /// Retries of a failed registry request (default: 3, or `registry_retries` of the config file).
     #[arg(long)]
     registry_retries: Option<u32>,
+    /// Largest flattened image a pull may write, e.g. 512G (default: 256G, or
+    /// `max_image_size` of the config file): a guard against decompression bombs.
+    #[arg(long, value_parser = parse_size_arg)]
+    max_image_size: Option<u64>,
     /// Progress on stderr: `auto` (bars on a terminal, else lines), `bars`, `lines`, `none`.
     #[arg(long, default_value = "auto", value_parser = ["auto", "bars", "lines", "none"])]
     progress: String,
@@ -232,6 +254,7 @@ impl StoreArgs {
                 ..RegistryOptions::default()
             },
             progress,
+            max_image_bytes: self.max_image_size.unwrap_or(config.max_image_size),
         };
         Ok((root, options))
     }
@@ -271,14 +294,39 @@ fn run(cli: Cli) -> Result<ExitCode> {
             std::process::exit(berth::container::save::save_main(&[request]))
         }
         Commands::Containers { action } => named_containers(action),
-        Commands::Pull { image, store, json } => {
+        Commands::Credentials { login, hosts } => {
+            let source = ChainedCredentials(vec![
+                Arc::new(EnrootCredentials::from_env()),
+                Arc::new(DockerCredentials::from_env()),
+            ]);
+            let set = CredentialSet::collect(&source, &hosts, login.as_deref());
+            let mut out = std::io::stdout().lock();
+            out.write_all(&set.encode())
+                .and_then(|()| out.flush())
+                .context("cannot write the credentials to the puller's pipe")?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Commands::Pull {
+            image,
+            store,
+            json,
+            credentials_stdin,
+        } => {
             let config = Config::for_cli()?;
             let source = ImageSource::parse(&image)?;
             let (root, mut options) = store.resolve(&config)?;
             if json && store.progress == "auto" {
                 options.progress = ProgressMode::Off;
             }
-            let stored = pull_image(&root, &source, &options)
+            if credentials_stdin {
+                // Nobody but root may read this process's memory: it holds
+                // the requesting user's credentials.
+                // SAFETY: prctl(PR_SET_DUMPABLE) only changes a flag of this process.
+                unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+                let set = CredentialSet::read_from(std::io::stdin().lock())?;
+                options.registry.credentials = set.into_source();
+            }
+            let stored = cli_pull(&root, &source, &options, &config, &store)
                 .with_context(|| format!("cannot pull {source}"))?;
             if json {
                 println!("{}", serde_json::to_string(&stored)?);
@@ -316,7 +364,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             if store.progress == "auto" {
                 options.progress = ProgressMode::Off;
             }
-            let stored = pull_image(&root, &source, &options)
+            let stored = cli_pull(&root, &source, &options, &config, &store)
                 .with_context(|| format!("cannot pull {source}"))?;
             // Keeps `berth rmi`/`gc` off the image while the container runs.
             let _hold = match stored.manifest_digest {
@@ -374,6 +422,49 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::from(exit_code(status)))
         }
     }
+}
+
+/// A pull from the command line. Root pulling into a store whose content
+/// areas belong to the pull user (a node store the plugin prepared) runs the
+/// pull as that user too, with root's credentials over a pipe, so the store
+/// keeps one writer; any other pull runs in this process, as its caller.
+fn cli_pull(
+    root: &std::path::Path,
+    source: &ImageSource,
+    options: &PullOptions,
+    config: &Config,
+    args: &StoreArgs,
+) -> Result<berth::store::StoredImage> {
+    let ImageSource::Registry(image) = source else {
+        return pull_image(root, source, options);
+    };
+    let owner = puller::content_owner(root);
+    if !nix::unistd::geteuid().is_root() || owner.is_none() {
+        return pull_image(root, source, options);
+    }
+    let helper = std::env::current_exe().context("cannot find the berth executable")?;
+    let progress = match options.progress {
+        ProgressMode::Bars | ProgressMode::Lines => "lines",
+        ProgressMode::Off => "none",
+    };
+    let request = puller::PullRequest {
+        helper: &helper,
+        store: root,
+        image,
+        pull_user: &config.pull_user,
+        insecure_registries: &options.registry.insecure_registries,
+        mirrors: &options.registry.mirrors,
+        registry_retries: args.registry_retries.or(config.registry_retries),
+        max_image_size: options.max_image_bytes,
+        progress,
+    };
+    let pulled = puller::pull(
+        &request,
+        puller::CredentialsFrom::Here(options.registry.credentials.as_ref()),
+    )
+    .map_err(anyhow::Error::msg)?;
+    eprint!("{}", pulled.stderr);
+    Ok(pulled.stored)
 }
 
 /// `berth containers list|rm`.

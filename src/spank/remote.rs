@@ -25,6 +25,8 @@ use crate::container::{spawn_holder, task_env, Container, Mode};
 use crate::image::ImageConfig;
 use crate::named::{ContainerName, NamedRoots};
 use crate::privilege::with_root;
+use crate::puller::{CredentialsFrom, PullRequest, Requester};
+use crate::reference::ImageSource;
 use crate::store::{ImageHold, Store, StoredImage};
 
 /// The container of this step on this node, created in `user_init`.
@@ -68,6 +70,16 @@ pub(super) struct StepContext<'a> {
     pub(super) save_to: Option<PathBuf>,
     /// The batch step's script, bound read-only at its own path.
     pub(super) batch_script: Option<MountSpec>,
+}
+
+impl StepContext<'_> {
+    /// The job's user, for whom images are pulled (with their credentials).
+    pub(super) fn requester(&self) -> Requester<'_> {
+        Requester {
+            user: &self.user,
+            job_env: &self.job_env,
+        }
+    }
 }
 
 /// Why `user_init` could not make the container. Slurm 22.05's srun exits 0
@@ -199,7 +211,7 @@ fn start_unnamed(ctx: &StepContext) -> Result<(StepContainer, String), String> {
         ctx.step,
         ctx.store.display()
     ));
-    let (stored, image_hold) = with_root(|| pull_and_hold(ctx.config, &ctx.store, &image))?;
+    let (stored, image_hold) = pull_and_hold(ctx.config, &ctx.store, &image, &ctx.requester())?;
     let mut spec = build_spec(ctx, &stored)?;
     let mut save = None;
     if let Some(output) = &ctx.save_to {
@@ -525,57 +537,54 @@ pub(super) fn pull_and_hold(
     config: &Config,
     store: &Path,
     image: &str,
+    requester: &Requester,
 ) -> Result<(StoredImage, Option<ImageHold>), String> {
-    let mut stored = pull(config, store, image)?;
+    let mut stored = pull(config, store, image, requester)?;
     if stored.manifest_digest.is_none() {
         return Ok((stored, None)); // a squashfs file given by path, not in the store
     }
-    let open = || Store::open_unswept(store).map_err(|e| format!("{e:#}"));
-    let hold = match open()?.hold(&stored) {
+    let open = || with_root(|| Store::open_unswept(store)).map_err(|e| format!("{e:#}"));
+    let hold = match with_root(|| open()?.hold(&stored).map_err(|e| format!("{e:#}"))) {
         Ok(hold) => hold,
         Err(_) => {
-            stored = pull(config, store, image)?;
-            open()?.hold(&stored).map_err(|e| format!("{e:#}"))?
+            stored = pull(config, store, image, requester)?;
+            with_root(|| open()?.hold(&stored).map_err(|e| format!("{e:#}")))?
         }
     };
     Ok((stored, Some(hold)))
 }
 
-/// Runs `berth pull --json` (as root, into the node store) and reads its answer.
-fn pull(config: &Config, store: &Path, image: &str) -> Result<StoredImage, String> {
-    let mut command = Command::new(&config.helper_path);
-    command.arg("pull").arg("--json").arg("--store").arg(store);
-    for registry in &config.insecure_registries {
-        command.arg("--insecure-registry").arg(registry);
-    }
-    for (registry, mirror) in &config.mirrors {
-        command.arg("--mirror").arg(format!("{registry}={mirror}"));
-    }
-    if let Some(n) = config.registry_retries {
-        command.arg("--registry-retries").arg(n.to_string());
-    }
-    command.arg("--progress").arg("lines");
-    command.arg("--").arg(image);
-    command
-        .stdin(Stdio::null())
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
-    crate::privilege::run_as_full_root(&mut command);
-    let output = command.output().map_err(|e| {
-        format!(
-            "cannot run the berth helper {}: {e} (check helper_path in plugstack.conf)",
-            config.helper_path.display()
-        )
-    })?;
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        // The helper's message already names the image and what to do.
-        let message = stderr.trim().trim_start_matches("error: ");
-        return Err(message.to_string());
-    }
+/// Gets `image` for the step: a squashfs file given by path is checked with
+/// the user's own permissions; a registry image is pulled into the node
+/// store as the pull user with the user's credentials ([`crate::puller`]).
+/// Called with the user's effective ids (`user_init`).
+pub(super) fn pull(
+    config: &Config,
+    store: &Path,
+    image: &str,
+    requester: &Requester,
+) -> Result<StoredImage, String> {
+    let reference = match ImageSource::parse(image).map_err(|e| format!("{e:#}"))? {
+        ImageSource::SquashfsFile(path) => {
+            return Store::open_squashfs_file(&path).map_err(|e| format!("{e:#}"))
+        }
+        ImageSource::Registry(reference) => reference,
+    };
+    let request = PullRequest {
+        helper: &config.helper_path,
+        store,
+        image: &reference,
+        pull_user: &config.pull_user,
+        insecure_registries: &config.insecure_registries,
+        mirrors: &config.mirrors,
+        registry_retries: config.registry_retries,
+        max_image_size: config.max_image_size,
+        progress: "lines",
+    };
+    let pulled = crate::puller::pull(&request, CredentialsFrom::User(requester))?;
     // One short line for the user when the image was fetched (not when cached).
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    if let Some(done) = stderr
+    if let Some(done) = pulled
+        .stderr
         .lines()
         .rev()
         .find(|l| l.starts_with("berth: pulled "))
@@ -588,8 +597,7 @@ fn pull(config: &Config, store: &Path, image: &str) -> Result<StoredImage, Strin
             done.trim_start_matches("berth: ")
         ));
     }
-    serde_json::from_slice(&output.stdout)
-        .map_err(|e| format!("the berth helper gave an unreadable answer for '{image}': {e}"))
+    Ok(pulled.stored)
 }
 
 #[cfg(test)]

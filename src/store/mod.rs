@@ -85,12 +85,24 @@ pub struct StoredImage {
 }
 
 /// How to pull.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct PullOptions {
     /// Registry access (insecure registries, timeouts, credentials).
     pub registry: RegistryOptions,
     /// How to show progress on stderr.
     pub progress: ProgressMode,
+    /// Largest flattened image a pull may write (decompression-bomb limit).
+    pub max_image_bytes: u64,
+}
+
+impl Default for PullOptions {
+    fn default() -> Self {
+        PullOptions {
+            registry: RegistryOptions::default(),
+            progress: ProgressMode::default(),
+            max_image_bytes: crate::image::DEFAULT_MAX_IMAGE_BYTES,
+        }
+    }
 }
 
 /// `meta.json` of a stored image.
@@ -299,6 +311,33 @@ impl Store {
             }
         }
         Ok(None)
+    }
+
+    /// Whether an image of `image`'s repository, with its tag or digest, is
+    /// in the store (whoever pulled it).
+    pub fn has_cached(&self, image: &ImageRef) -> bool {
+        let Ok(entries) = fs::read_dir(self.images_dir()) else {
+            return false;
+        };
+        entries.flatten().any(|entry| {
+            let Ok(digest) =
+                Digest::parse(&format!("sha256:{}", entry.file_name().to_string_lossy()))
+            else {
+                return false;
+            };
+            let Some(meta) = self.read_meta(&digest) else {
+                return false;
+            };
+            let same_repository =
+                meta.registry == image.registry && meta.repository == image.repository;
+            let same_version = match (&image.digest, &image.tag) {
+                (Some(pinned), _) => {
+                    *pinned == meta.manifest_digest || Some(pinned) == meta.index_digest.as_ref()
+                }
+                (None, tag) => *tag == meta.tag,
+            };
+            same_repository && same_version
+        })
     }
 
     /// `meta.json` of the image `digest`, when present and readable.

@@ -43,11 +43,14 @@ pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Re
     let started = std::time::Instant::now();
     let progress = Progress::new(options.progress);
     let client = RegistryClient::new(&options.registry);
-    if let Some(found) = pinned_in_store(store, &client, image, &progress)? {
+    let private = |e: anyhow::Error| refused_but_cached(store, image, e);
+    if let Some(found) = pinned_in_store(store, &client, image, &progress).map_err(private)? {
         return Ok(found);
     }
     progress.say(format!("resolving {image}"));
-    let resolved = client.resolve(image, &Platform::current())?;
+    let resolved = client
+        .resolve(image, &Platform::current())
+        .map_err(private)?;
     let digest = resolved.manifest_digest.clone();
     if let Some(found) = store.load(&digest)? {
         progress.say(format!("{image} ({digest}) is already in the store"));
@@ -91,15 +94,7 @@ pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Re
     let staging = TempEntry::dir(&store.tmp_dir(), &format!("image-{}", digest.hex()), 0o755)?;
     let sqfs = staging.path().join("image.sqfs");
     let stats = bars.run_ticker(|| {
-        download_and_convert(
-            store,
-            &client,
-            image,
-            &layers,
-            options.registry.retry,
-            &bars,
-            &sqfs,
-        )
+        download_and_convert(store, &client, image, &layers, options, &bars, &sqfs)
     })?;
     for w in &stats.warnings {
         eprintln!("berth: warning: {image}: {w}");
@@ -149,6 +144,28 @@ pub(super) fn pull(store: &Store, image: &ImageRef, options: &PullOptions) -> Re
         .load(&digest)?
         .with_context(|| format!("image {digest} vanished from the store right after its pull"))?;
     Ok(with_reference(stored, &resolved))
+}
+
+/// A registry refusal of `image` that is in the store says so: the image is
+/// cached on this node, but handed only to users the registry lets read it.
+fn refused_but_cached(store: &Store, image: &ImageRef, e: anyhow::Error) -> anyhow::Error {
+    let Some(RegistryError::Denied {
+        registry,
+        status,
+        credentials,
+        ..
+    }) = e.downcast_ref::<RegistryError>()
+    else {
+        return e;
+    };
+    if !store.has_cached(image) {
+        return e;
+    }
+    anyhow::anyhow!(
+        "the registry {registry} refused your credentials for {image} (HTTP {status}); it is \
+         cached on this node but private, and berth hands a private image only to users the \
+         registry lets read it: add credentials for {registry} to {credentials}"
+    )
 }
 
 /// The stored image, with the reference the user asked for (pinned).
@@ -271,10 +288,11 @@ fn download_and_convert(
     client: &RegistryClient,
     image: &ImageRef,
     layers: &[Descriptor],
-    retry: RetryPolicy,
+    options: &PullOptions,
     progress: &Progress,
     sqfs: &std::path::Path,
 ) -> Result<image::ConvertStats> {
+    let retry = options.registry.retry;
     let digests = layers
         .iter()
         .map(|l| parse_digest(image, &l.digest))
@@ -323,9 +341,12 @@ fn download_and_convert(
                 board.finish(i, r);
             });
         }
-        let converted = image::convert_with(&layer_list, sqfs, &SquashfsOptions::default(), |i| {
-            progress.converting(i)
-        });
+        let squashfs = SquashfsOptions {
+            max_bytes: options.max_image_bytes,
+            ..SquashfsOptions::default()
+        };
+        let converted =
+            image::convert_with(&layer_list, sqfs, &squashfs, |i| progress.converting(i));
         if converted.is_err() {
             stop.store(true, Ordering::Relaxed);
             board.abort();

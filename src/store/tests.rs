@@ -38,6 +38,7 @@ pub(super) fn options(reg: &FakeRegistry) -> PullOptions {
             ..RegistryOptions::default()
         },
         progress: ProgressMode::Off,
+        ..PullOptions::default()
     }
 }
 
@@ -262,6 +263,7 @@ fn real_registry_pull() {
             ..RegistryOptions::default()
         },
         progress: ProgressMode::Lines,
+        ..PullOptions::default()
     };
     let start = std::time::Instant::now();
     let img = pull_image(Path::new(&store), &ImageSource::Registry(r), &options).unwrap();
