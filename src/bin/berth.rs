@@ -326,8 +326,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 let set = CredentialSet::read_from(std::io::stdin().lock())?;
                 options.registry.credentials = set.into_source();
             }
-            let stored = cli_pull(&root, &source, &options, &config, &store)
-                .with_context(|| format!("cannot pull {source}"))?;
+            // The puller itself pulls here, never through another puller.
+            let stored = if credentials_stdin {
+                pull_image(&root, &source, &options)
+            } else {
+                cli_pull(&root, &source, &options, &config, &store)
+            }
+            .with_context(|| format!("cannot pull {source}"))?;
             if json {
                 println!("{}", serde_json::to_string(&stored)?);
             } else {

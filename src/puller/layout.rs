@@ -92,8 +92,9 @@ pub fn content_owner(root: &Path) -> Option<u32> {
     (meta.is_dir() && meta.uid() != 0).then_some(meta.uid())
 }
 
-/// Fails, naming the folder, when the pull user cannot walk down to `root`.
-fn check_reachable(root: &Path, user: &PullUser) -> Result<()> {
+/// Fails, naming the folder, when the pull user cannot walk down to `root`
+/// (the folders that exist are checked).
+pub fn check_reachable(root: &Path, user: &PullUser) -> Result<()> {
     for dir in root.ancestors() {
         let meta = fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
         let mode = meta.mode();

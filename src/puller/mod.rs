@@ -20,5 +20,5 @@ mod run;
 
 pub use creds::{hosts_for, CredentialSet};
 pub use identity::PullUser;
-pub use layout::{content_owner, prepare_store};
+pub use layout::{check_reachable, content_owner, prepare_store, CONTENT_DIRS};
 pub use run::{pull, CredentialsFrom, PullRequest, Pulled, Requester, CREDENTIALS_ARG};
