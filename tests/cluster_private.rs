@@ -66,12 +66,29 @@ fn tool(program: &str, args: &[&str]) -> String {
 /// own to the token registry as `repository:1`, so no node has it yet.
 /// Returns the reference and its manifest digest.
 fn push_private(cluster: &Cluster, from: &str, repository: &str) -> (String, String) {
-    let token_registry = cluster.var("BERTH_TEST_TOKEN_REGISTRY");
     let creds = format!(
         "{}:{}",
         cluster.var("BERTH_TEST_TOKEN_USER"),
         cluster.var("BERTH_TEST_TOKEN_PASSWORD")
     );
+    push_unique(
+        cluster,
+        from,
+        &cluster.var("BERTH_TEST_TOKEN_REGISTRY"),
+        repository,
+        Some(&creds),
+    )
+}
+
+/// Pushes `from` (in the anonymous registry) with a configuration of its
+/// own, so a new manifest digest, to `registry/repository:1`.
+fn push_unique(
+    cluster: &Cluster,
+    from: &str,
+    registry: &str,
+    repository: &str,
+    creds: Option<&str>,
+) -> (String, String) {
     let tmp = tempfile::tempdir().unwrap();
     let layout = tmp.path().join("oci");
     let layout = layout.to_str().unwrap();
@@ -95,31 +112,19 @@ fn push_private(cluster: &Cluster, from: &str, repository: &str) -> (String, Str
             &format!("BERTH_PRIVATE={}", unique("v")),
         ],
     );
-    let reference = format!("{token_registry}/{repository}:1");
-    tool(
-        "skopeo",
-        &[
-            "copy",
-            "-q",
-            "--dest-tls-verify=false",
-            "--dest-creds",
-            &creds,
-            &format!("oci:{layout}:x"),
-            &format!("docker://{reference}"),
-        ],
-    );
-    let digest = tool(
-        "skopeo",
-        &[
-            "inspect",
-            "--tls-verify=false",
-            "--creds",
-            &creds,
-            "--format",
-            "{{.Digest}}",
-            &format!("docker://{reference}"),
-        ],
-    );
+    let reference = format!("{registry}/{repository}:1");
+    let mut push = vec!["copy", "-q", "--dest-tls-verify=false"];
+    let mut inspect = vec!["inspect", "--tls-verify=false"];
+    if let Some(creds) = creds {
+        push.extend(["--dest-creds", creds]);
+        inspect.extend(["--creds", creds]);
+    }
+    let source = format!("oci:{layout}:x");
+    let target = format!("docker://{reference}");
+    push.extend([source.as_str(), target.as_str()]);
+    tool("skopeo", &push);
+    inspect.extend(["--format", "{{.Digest}}", target.as_str()]);
+    let digest = tool("skopeo", &inspect);
     assert!(digest.starts_with("sha256:"), "{digest}");
     (reference, digest)
 }
@@ -495,7 +500,11 @@ fn store_content_belongs_to_the_pull_user() {
     let Some(cluster) = Cluster::get() else {
         return;
     };
-    let option = format!("--container-image={}", cluster.image("busybox:latest"));
+    // A new image, pulled through srun.
+    let registry = cluster.registry();
+    let repository = format!("berth-owned/{}", unique("img"));
+    let (image, digest) = push_unique(&cluster, "busybox:latest", &registry, &repository, None);
+    let option = format!("--container-image={image}");
     srun_as(&cluster, common::TEST_USER, &[], &[&option, "true"]).ok();
     let store =
         Path::new(&cluster.var("BERTH_TEST_STATE_DIR")).join(format!("nodes/{NODE}/berth-store"));
@@ -511,14 +520,18 @@ fn store_content_belongs_to_the_pull_user() {
         assert_eq!(m.uid(), pull_uid(), "{area} is not the pull user's");
         assert_eq!(m.mode() & 0o022, 0, "{area} is writable by others");
     }
-    let image = std::fs::read_dir(store.join("images"))
-        .unwrap()
-        .flatten()
-        .next()
-        .unwrap()
-        .path();
+    let image = store
+        .join("images")
+        .join(digest.trim_start_matches("sha256:"));
     let sqfs = image.join("image.sqfs");
-    assert_eq!(std::fs::metadata(&sqfs).unwrap().uid(), pull_uid());
+    for path in [&image, &sqfs, &image.join("meta.json")] {
+        assert_eq!(
+            std::fs::metadata(path).unwrap().uid(),
+            pull_uid(),
+            "{}",
+            path.display()
+        );
+    }
     for target in [
         store.join("written"),
         store.join("images/written"),
@@ -551,17 +564,7 @@ fn store_content_belongs_to_the_pull_user() {
 
     // Root's CLI pull into this store runs as the pull user: what it adds is the pull user's.
     let repository = format!("berth-root-cli/{}", unique("img"));
-    tool(
-        "skopeo",
-        &[
-            "copy",
-            "-q",
-            "--src-tls-verify=false",
-            "--dest-tls-verify=false",
-            &format!("docker://{}/busybox:latest", cluster.registry()),
-            &format!("docker://{}/{repository}:1", cluster.registry()),
-        ],
-    );
+    let (image, _) = push_unique(&cluster, "busybox:latest", &registry, &repository, None);
     let berth = common::world_readable_copy(Path::new(env!("CARGO_BIN_EXE_berth")));
     let pulled = tool(
         berth.to_str().unwrap(),
@@ -570,10 +573,10 @@ fn store_content_belongs_to_the_pull_user() {
             "--store",
             store.to_str().unwrap(),
             "--insecure-registry",
-            &cluster.registry(),
+            &registry,
             "--progress",
             "none",
-            &format!("{}/{repository}:1", cluster.registry()),
+            &image,
         ],
     );
     let squashfs = pulled.split_whitespace().nth(1).expect("DIGEST PATH");

@@ -95,7 +95,7 @@ pub fn content_owner(root: &Path) -> Option<u32> {
 /// Fails, naming the folder, when the pull user cannot walk down to `root`
 /// (the folders that exist are checked).
 pub fn check_reachable(root: &Path, user: &PullUser) -> Result<()> {
-    for dir in root.ancestors() {
+    for dir in root.ancestors().filter(|d| d.exists()) {
         let meta = fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
         let mode = meta.mode();
         let can_enter = if meta.uid() == user.uid {

@@ -19,6 +19,11 @@
 //! locks/store.lock            shared by downloading pulls, exclusive to remove blobs
 //! ```
 //!
+//! In a node store the root (and `containers/`) is root's and the content
+//! areas above belong to the pull user, who alone writes them
+//! ([`crate::puller::layout`]); lock files are opened read-only so either side
+//! can lock what the other made.
+//!
 //! A running container holds a shared `flock` on its `image.sqfs`
 //! ([`Store::hold`]); `rmi` and `gc` never remove an image someone holds.
 //!
