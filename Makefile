@@ -7,6 +7,10 @@
 #
 # PLUGSTACK_DIR, when set, also receives the drop-in (berth.conf), rewritten
 # for PREFIX. DESTDIR is honoured for packaging.
+#
+# `make install` (as root, without DESTDIR) also creates the system user
+# PULL_USER (default berth) that image pulls run as, when it is missing
+# (plugstack `pull_user`; docs/INSTALL.md).
 
 PREFIX        ?= /usr/local
 BINDIR        ?= $(PREFIX)/bin
@@ -15,6 +19,7 @@ DATADIR       ?= $(PREFIX)/share/berth
 PLUGSTACK_DIR ?=
 CARGO         ?= cargo
 TARGET_DIR    ?= target
+PULL_USER     ?= berth
 
 
 .PHONY: all build install uninstall deb test clean
@@ -33,6 +38,11 @@ install: build
 	if [ -n "$(PLUGSTACK_DIR)" ]; then \
 		install -d $(DESTDIR)$(PLUGSTACK_DIR) && \
 		install -m 0644 $(DESTDIR)$(DATADIR)/berth.conf $(DESTDIR)$(PLUGSTACK_DIR)/berth.conf; \
+	fi
+	if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && ! id -u $(PULL_USER) >/dev/null 2>&1; then \
+		useradd --system --user-group --no-create-home --home-dir /nonexistent \
+			--shell /usr/sbin/nologin --comment 'berth image puller' $(PULL_USER) && \
+		echo "created the system user $(PULL_USER) that berth pulls images as"; \
 	fi
 
 deb:

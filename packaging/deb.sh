@@ -6,7 +6,11 @@
 # the plugstack drop-in in /etc/slurm/plugstack.conf.d (a conffile: local edits
 # survive upgrades), the docs in /usr/share/doc/berth. The package depends on
 # the Slurm release whose headers it was built against (the plugin refuses any
-# other release), and has no maintainer scripts: nothing runs at install time.
+# other release). Its one maintainer script, postinst, creates the system user
+# `berth` that image pulls run as (plugstack pull_user). It honours DPKG_ROOT
+# (dpkg --root=DIR --force-script-chrootless, as tests/package.rs installs):
+# the user goes into that root's /etc/passwd, or, when the root has none, a
+# note says so and nothing else happens.
 #
 # Upgrading under running jobs is safe: dpkg unpacks each file beside the old
 # one and renames it into place, so a slurmstepd that has the old plugin mapped
@@ -48,7 +52,7 @@ Version: $version
 Architecture: $arch
 Maintainer: berth developers <berth@localhost>
 Installed-Size: $size
-Depends: squashfs-tools-ng, slurm-wlm-basic-plugins (>= $slurm_major.$slurm_minor), slurm-wlm-basic-plugins (<< $slurm_major.$next_minor)
+Depends: passwd, squashfs-tools-ng, slurm-wlm-basic-plugins (>= $slurm_major.$slurm_minor), slurm-wlm-basic-plugins (<< $slurm_major.$next_minor)
 Recommends: squashfuse, fuse-overlayfs
 Section: admin
 Priority: optional
@@ -59,6 +63,28 @@ Description: run Slurm jobs inside OCI container images
  namespaces. Built for Slurm $slurm.
 CONTROL
 echo /etc/slurm/plugstack.conf.d/berth.conf >"$root/DEBIAN/conffiles"
+cat >"$root/DEBIAN/postinst" <<'POSTINST'
+#!/bin/sh
+# Creates the unprivileged system user berth pulls images as (pull_user).
+set -e
+if [ "$1" = configure ]; then
+    passwd="${DPKG_ROOT:-}/etc/passwd"
+    if [ ! -e "$passwd" ]; then
+        echo "berth: $passwd does not exist: create the pull user berth in that system yourself" >&2
+    elif ! grep -q '^berth:' "$passwd"; then
+        if [ -n "${DPKG_ROOT:-}" ]; then
+            set -- --prefix "$DPKG_ROOT"
+        else
+            set --
+        fi
+        useradd "$@" --system --user-group --no-create-home --home-dir /nonexistent \
+            --shell /usr/sbin/nologin --comment 'berth image puller' berth
+        echo "berth: created the system user berth that image pulls run as" >&2
+    fi
+fi
+exit 0
+POSTINST
+chmod 0755 "$root/DEBIAN/postinst"
 mkdir -p "$out"
 deb="$out/berth_${version}_${arch}.deb"
 dpkg-deb --root-owner-group --build "$root" "$deb" >&2

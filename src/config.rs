@@ -73,6 +73,10 @@ pub struct Config {
     /// of an answer) before the request is abandoned (`registry_timeout=N`;
     /// `None`: the built-in 30 s to connect, 60 s per read).
     pub registry_timeout: Option<u32>,
+    /// The unprivileged system user the image pull runs as (`pull_user`).
+    pub pull_user: String,
+    /// Largest flattened image a pull may write, in bytes (`max_image_size`).
+    pub max_image_size: u64,
 }
 
 /// How much the plugin logs (`log_level`). Each level includes the ones
@@ -235,7 +239,13 @@ pub const KEYS: &[&str] = &[
     "store_lease_timeout",
     "store_wait_timeout",
     "registry_timeout",
+    "pull_user",
+    "max_image_size",
 ];
+
+/// Default of `pull_user`: the system user `make install` and the Debian
+/// package create.
+pub const DEFAULT_PULL_USER: &str = "berth";
 
 impl Default for Config {
     fn default() -> Self {
@@ -256,6 +266,8 @@ impl Default for Config {
             store_lease_timeout: crate::store::shared::DEFAULT_LEASE_TIMEOUT,
             store_wait_timeout: crate::store::shared::DEFAULT_WAIT_TIMEOUT,
             registry_timeout: None,
+            pull_user: DEFAULT_PULL_USER.to_string(),
+            max_image_size: crate::image::DEFAULT_MAX_IMAGE_BYTES,
         }
     }
 }
@@ -535,6 +547,30 @@ impl Config {
                     })?;
                 self.registry_timeout = Some(n);
             }
+            "pull_user" => {
+                let valid = !value.is_empty()
+                    && value.len() <= 32
+                    && value
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+                if !valid {
+                    return Err(err(format!(
+                        "{key}={value}: expected the name of a system user, e.g. berth"
+                    )));
+                }
+                self.pull_user = value.to_string();
+            }
+            "max_image_size" => {
+                let bytes = crate::store::units::parse_size(value)
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| {
+                        err(format!(
+                            "{key}={value}: expected a size such as 512G or 300M (powers of 1024)"
+                        ))
+                    })?;
+                self.max_image_size = bytes;
+            }
             "container_scope" => match value {
                 "job" | "global" => self.container_scope = value.to_string(),
                 _ => return Err(err(format!("{key}={value}: expected `job` or `global`"))),
@@ -680,6 +716,25 @@ mod tests {
         );
         assert_eq!(config.registry_retries, Some(5));
         assert_eq!(config.registry_timeout, Some(7));
+        let config =
+            Config::from_plugstack_args(&args(&["pull_user=puller", "max_image_size=512G"]))
+                .unwrap();
+        assert_eq!(config.pull_user, "puller");
+        assert_eq!(config.max_image_size, 512 << 30);
+        assert_eq!(Config::default().pull_user, "berth");
+        assert_eq!(
+            Config::default().max_image_size,
+            crate::image::DEFAULT_MAX_IMAGE_BYTES
+        );
+        for bad in [
+            "pull_user=",
+            "pull_user=a b",
+            "max_image_size=big",
+            "max_image_size=0",
+        ] {
+            let e = Config::from_plugstack_args(&args(&[bad])).unwrap_err();
+            assert!(e.to_string().contains(bad), "{e}");
+        }
         for bad in [
             "mirrors=docker.io",
             "mirrors=docker.io=https://m",

@@ -94,10 +94,9 @@ pub fn run_checks(config: &Config, options: &DoctorOptions) -> Vec<Finding> {
     let node = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_default();
-    findings.extend(store(
-        &config.store_path_for_node(&node),
-        options.min_free_bytes,
-    ));
+    let store_path = config.store_path_for_node(&node);
+    findings.extend(store(&store_path, options.min_free_bytes));
+    findings.push(pull_user(&config.pull_user, &store_path));
     for registry in &options.registries {
         let insecure = config.insecure_registries.iter().any(|r| r == registry);
         findings.push(registry_reachable(registry, insecure));
@@ -408,7 +407,7 @@ fn store(path: &Path, min_free: u64) -> Vec<Finding> {
                         path.display(),
                         meta.uid()
                     ),
-                    format!("chown -R root: {}", path.display()),
+                    format!("chown root: {}", path.display()),
                 ));
             } else if mode & 0o022 != 0 {
                 findings.push(Finding::new(
@@ -465,6 +464,64 @@ fn store(path: &Path, min_free: u64) -> Vec<Finding> {
         )),
     }
     findings
+}
+
+/// The pull user (`pull_user`): it exists, is not root, can reach the
+/// store, and owns the store's content areas (or will, at the first pull).
+fn pull_user(name: &str, store: &Path) -> Finding {
+    use std::os::unix::fs::MetadataExt;
+    let check = "pull user";
+    let user = match crate::puller::PullUser::lookup(name) {
+        Ok(user) => user,
+        Err(message) => {
+            return Finding::new(
+                Level::Fail,
+                check,
+                message,
+                crate::puller::identity::create_command(name),
+            )
+        }
+    };
+    if let Err(e) = crate::puller::check_reachable(store, &user) {
+        return Finding::new(
+            Level::Fail,
+            check,
+            format!("{e:#}"),
+            "let the pull user enter every folder above store_path (chmod o+x), or move the store",
+        );
+    }
+    let foreign: Vec<String> = crate::puller::CONTENT_DIRS
+        .iter()
+        .map(|(area, _)| store.join(area))
+        .filter(|dir| std::fs::symlink_metadata(dir).is_ok_and(|m| m.uid() != user.uid))
+        .map(|dir| dir.display().to_string())
+        .collect();
+    if !foreign.is_empty() {
+        return Finding::new(
+            Level::Warn,
+            check,
+            format!(
+                "{} (uid {}) does not own {} yet (a store of an older berth)",
+                user.name,
+                user.uid,
+                foreign.join(", ")
+            ),
+            format!(
+                "nothing: the first pull through Slurm hands them over; or now: chown -R {}: {}",
+                user.name,
+                foreign.join(" ")
+            ),
+        );
+    }
+    Finding::ok(
+        check,
+        format!(
+            "{} (uid {}) pulls images into {}",
+            user.name,
+            user.uid,
+            store.display()
+        ),
+    )
 }
 
 /// GET `/v2/` of `registry`: 200 or 401 means a registry answers.
@@ -533,6 +590,23 @@ mod tests {
         let missing = store(&dir.path().join("a/b"), 0);
         assert_eq!(missing[0].level, Level::Ok);
         assert!(missing[0].detail.contains("does not exist yet"));
+    }
+
+    #[test]
+    fn pull_user_problems_are_found() {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let missing = pull_user("no-such-berth-user", dir.path());
+        assert_eq!(missing.level, Level::Fail, "{missing:?}");
+        assert!(missing.fix.contains("useradd --system"), "{missing:?}");
+        assert!(missing.detail.contains("pull_user"), "{missing:?}");
+        let root = pull_user("root", dir.path());
+        assert_eq!(root.level, Level::Fail, "{root:?}");
+        if nix::unistd::geteuid().is_root() {
+            std::fs::create_dir(dir.path().join("images")).unwrap();
+            let old = pull_user("nobody", dir.path());
+            assert_eq!(old.level, Level::Warn, "{old:?}");
+            assert!(old.fix.contains("chown -R nobody:"), "{old:?}");
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod image;
 pub mod inject;
 pub mod named;
 pub mod privilege;
+pub mod puller;
 pub mod reference;
 pub mod registry;
 pub mod spank;

@@ -48,3 +48,41 @@ pub fn run_as_full_root(command: &mut Command) {
         });
     }
 }
+
+/// Makes the child of `command` the user `uid`/`gid` with exactly the
+/// supplementary `groups` (none when empty) before it execs: real,
+/// effective and saved ids, `no_new_privs`, umask 022. Works from
+/// slurmstepd's `user_init` (real uid 0, effective uid the job's user) and
+/// from a root process.
+pub fn run_as_user(command: &mut Command, uid: u32, gid: u32, groups: Vec<u32>) {
+    // SAFETY: the closure makes raw system calls only (async-signal-safe, no
+    // allocation: `groups` was allocated before the fork); in the child of a
+    // fork there is one thread, so per-thread set*id is the whole process.
+    unsafe {
+        command.pre_exec(move || {
+            let fail = || Err(std::io::Error::last_os_error());
+            if libc::syscall(libc::SYS_getuid) == 0
+                && libc::syscall(libc::SYS_setresuid, 0, 0, 0) != 0
+            {
+                return fail();
+            }
+            if libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) != 0
+                || libc::syscall(libc::SYS_setresgid, gid, gid, gid) != 0
+                || libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0
+            {
+                return fail();
+            }
+            // Refuse to go on as anyone else (a failed switch must not exec).
+            if libc::syscall(libc::SYS_geteuid) != uid as libc::c_long
+                || libc::syscall(libc::SYS_getegid) != gid as libc::c_long
+            {
+                return Err(std::io::Error::from_raw_os_error(libc::EPERM));
+            }
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return fail();
+            }
+            libc::umask(0o022);
+            Ok(())
+        });
+    }
+}

@@ -41,6 +41,7 @@ fn the_test_cluster_passes() {
         "squashfs",
         "tar2sqfs",
         "Slurm version",
+        "pull user",
     ] {
         assert!(
             out.contains(&format!("ok   {line}")),
@@ -56,6 +57,7 @@ fn the_test_cluster_passes() {
 #[test]
 fn a_broken_node_is_told_what_to_fix() {
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let store = dir.path().join("store");
     std::fs::create_dir(&store).unwrap();
     std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o777)).unwrap();
@@ -69,7 +71,7 @@ fn a_broken_node_is_told_what_to_fix() {
         &plugstack,
         format!(
             "required /usr/lib/slurm/spank_berth.so store_path={} helper_path=/nonexistent/berth \
-             insecure_registries=127.0.0.1:{port}\n",
+             insecure_registries=127.0.0.1:{port} pull_user=no-such-berth-user\n",
             store.display()
         ),
     )
@@ -85,5 +87,10 @@ fn a_broken_node_is_told_what_to_fix() {
         out.contains(&format!("FAIL registry 127.0.0.1:{port}")),
         "{out}"
     );
-    assert!(out.contains("3 problem(s) to fix"), "{out}");
+    assert!(
+        out.contains("FAIL pull user: the pull user `no-such-berth-user`")
+            && out.contains("fix: useradd --system"),
+        "{out}"
+    );
+    assert!(out.contains("4 problem(s) to fix"), "{out}");
 }

@@ -40,6 +40,8 @@ fn dpkg(root: &Path, args: &[&str]) -> String {
         Command::new("dpkg")
             .arg(format!("--root={}", root.display()))
             .arg("--force-depends")
+            // The postinst runs on the host with DPKG_ROOT (no shell in the root).
+            .arg("--force-script-chrootless")
             .args(args),
     );
     let text = String::from_utf8_lossy(&output.stdout).into_owned()
@@ -58,6 +60,20 @@ fn dpkg_root(root: &Path) {
         std::fs::create_dir_all(root.join(dir)).unwrap();
     }
     std::fs::write(root.join("var/lib/dpkg/status"), "").unwrap();
+    // A user database of its own, for the postinst's pull user.
+    std::fs::create_dir_all(root.join("etc")).unwrap();
+    std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+    std::fs::write(root.join("etc/group"), "root:x:0:\n").unwrap();
+}
+
+/// The `berth` lines of the root's user database.
+fn pull_user_lines(root: &Path) -> Vec<String> {
+    std::fs::read_to_string(root.join("etc/passwd"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("berth:"))
+        .map(str::to_string)
+        .collect()
 }
 
 /// Restores the cluster's drop-in when dropped.
@@ -126,6 +142,13 @@ fn package_installs_and_upgrades_under_a_running_job() {
         "{plugin:?} {helper:?}"
     );
     assert!(root.join("usr/share/doc/berth/USAGE.md").is_file());
+    // The postinst made the pull user, a system user without a login shell.
+    let users = pull_user_lines(&root);
+    assert_eq!(users.len(), 1, "{users:?}");
+    assert!(
+        users[0].ends_with(":/nonexistent:/usr/sbin/nologin"),
+        "{users:?}"
+    );
     let shipped =
         std::fs::read_to_string(root.join("etc/slurm/plugstack.conf.d/berth.conf")).unwrap();
     assert!(shipped.contains("helper_path=/usr/bin/berth"), "{shipped}");
@@ -198,6 +221,11 @@ fn package_installs_and_upgrades_under_a_running_job() {
     dpkg(&root, &["-i", second.to_str().unwrap()]);
     let after = std::fs::metadata(&plugin).unwrap().ino();
     assert_ne!(before, after, "dpkg replaced the plugin in place");
+    assert_eq!(
+        pull_user_lines(&root).len(),
+        1,
+        "the upgrade made a second pull user"
+    );
     let upgraded = dpkg(&root, &["-s", "berth"]);
     let version = output_of(
         Command::new("dpkg-deb")

@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -13,8 +14,12 @@ use berth::container::spec::{parse_mounts, ContainerSpec, UserIdentity};
 use berth::container::{holder_main, spawn_holder, Mode};
 use berth::inject::{self, gpu::GpuRequest};
 use berth::named::{check_name, NamedKey, NamedRoots, Scope};
+use berth::puller::{self, CredentialSet};
 use berth::reference::ImageSource;
-use berth::registry::{RegistryOptions, RetryPolicy, Timeouts};
+use berth::registry::{
+    ChainedCredentials, DockerCredentials, EnrootCredentials, RegistryOptions, RetryPolicy,
+    Timeouts,
+};
 use berth::store::units::{format_size, format_utc, parse_size};
 use berth::store::{
     pull_image, GcOptions, NotInStore, ProgressMode, PullOptions, RemoveOutcome, Store,
@@ -47,6 +52,10 @@ enum Commands {
         /// --json, `{"not_in_store":"sha256:..."}` on stdout).
         #[arg(long)]
         cached_only: bool,
+        /// Read the registry credentials from stdin (the plugin's puller; never
+        /// from argv or the environment).
+        #[arg(long, hide = true)]
+        credentials_stdin: bool,
     },
     /// Run a command inside an image.
     Run {
@@ -137,6 +146,16 @@ enum Commands {
         #[arg(num_args = 2)]
         args: Vec<std::ffi::OsString>,
     },
+    /// Internal: look up the calling user's registry credentials for HOSTS
+    /// and write them to stdout, for the puller (run as the job's user).
+    #[command(name = "__credentials", hide = true)]
+    Credentials {
+        /// Only entries with this login (`user@registry#image`).
+        #[arg(long)]
+        login: Option<String>,
+        /// Registry and token-service hosts (`host[:port]`).
+        hosts: Vec<String>,
+    },
     /// Internal: the `--container-save` helper (one JSON argument).
     #[command(name = "__save", hide = true)]
     Save {
@@ -194,6 +213,10 @@ struct StoreArgs {
     /// `registry_timeout` of the config file).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=3600))]
     registry_timeout: Option<u32>,
+    /// Largest flattened image a pull may write, e.g. 512G (default: 256G, or
+    /// `max_image_size` of the config file): a guard against decompression bombs.
+    #[arg(long, value_parser = parse_size_arg)]
+    max_image_size: Option<u64>,
     /// Progress on stderr: `auto` (bars on a terminal, else lines), `bars`, `lines`, `none`.
     #[arg(long, default_value = "auto", value_parser = ["auto", "bars", "lines", "none"])]
     progress: String,
@@ -304,6 +327,7 @@ impl StoreArgs {
             },
             progress,
             cached_only: false,
+            max_image_bytes: self.max_image_size.unwrap_or(config.max_image_size),
         };
         Ok((root, options))
     }
@@ -344,11 +368,24 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Commands::Fanout { args } => std::process::exit(berth::fanout::fanout_main(&args)),
         Commands::Containers { action } => named_containers(action),
+        Commands::Credentials { login, hosts } => {
+            let source = ChainedCredentials(vec![
+                Arc::new(EnrootCredentials::from_env()),
+                Arc::new(DockerCredentials::from_env()),
+            ]);
+            let set = CredentialSet::collect(&source, &hosts, login.as_deref());
+            let mut out = std::io::stdout().lock();
+            out.write_all(&set.encode())
+                .and_then(|()| out.flush())
+                .context("cannot write the credentials to the puller's pipe")?;
+            Ok(ExitCode::SUCCESS)
+        }
         Commands::Pull {
             image,
             store,
             json,
             cached_only,
+            credentials_stdin,
         } => {
             let config = Config::for_cli()?;
             let source = ImageSource::parse(&image)?;
@@ -357,7 +394,21 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 options.progress = ProgressMode::Off;
             }
             options.cached_only = cached_only;
-            let stored = match pull_image(&root, &source, &options) {
+            if credentials_stdin {
+                // Nobody but root may read this process's memory: it holds
+                // the requesting user's credentials.
+                // SAFETY: prctl(PR_SET_DUMPABLE) only changes a flag of this process.
+                unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+                let set = CredentialSet::read_from(std::io::stdin().lock())?;
+                options.registry.credentials = set.into_source();
+            }
+            // The puller itself pulls here, never through another puller.
+            let pulled = if credentials_stdin {
+                pull_image(&root, &source, &options)
+            } else {
+                cli_pull(&root, &source, &options, &config, &store)
+            };
+            let stored = match pulled {
                 Ok(stored) => stored,
                 Err(e) => match e.downcast_ref::<NotInStore>() {
                     Some(missing) => {
@@ -416,7 +467,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             if store.progress == "auto" {
                 options.progress = ProgressMode::Off;
             }
-            let stored = pull_image(&root, &source, &options)
+            let stored = cli_pull(&root, &source, &options, &config, &store)
                 .with_context(|| format!("cannot pull {source}"))?;
             // Keeps `berth rmi`/`gc` off the image while the container runs.
             let _hold = match stored.manifest_digest {
@@ -474,6 +525,77 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::from(exit_code(status)))
         }
     }
+}
+
+/// A pull from the command line. Root pulling into a store whose content
+/// areas belong to the pull user (a node store the plugin prepared) runs the
+/// pull as that user too, with root's credentials over a pipe, so the store
+/// keeps one writer; any other pull runs in this process, as its caller.
+fn cli_pull(
+    root: &std::path::Path,
+    source: &ImageSource,
+    options: &PullOptions,
+    config: &Config,
+    args: &StoreArgs,
+) -> Result<berth::store::StoredImage> {
+    let ImageSource::Registry(image) = source else {
+        return pull_image(root, source, options);
+    };
+    let owner = puller::content_owner(root);
+    if !nix::unistd::geteuid().is_root() || owner.is_none() {
+        return pull_image(root, source, options);
+    }
+    let helper = std::env::current_exe().context("cannot find the berth executable")?;
+    let progress = match options.progress {
+        ProgressMode::Bars | ProgressMode::Lines => "lines",
+        ProgressMode::Off => "none",
+    };
+    let request = puller::PullRequest {
+        helper: &helper,
+        store: root,
+        image,
+        pull_user: &config.pull_user,
+        insecure_registries: &options.registry.insecure_registries,
+        mirrors: &options.registry.mirrors,
+        registry_retries: args.registry_retries.or(config.registry_retries),
+        max_image_size: options.max_image_bytes,
+        progress,
+        cached_only: options.cached_only,
+        extra_args: puller_args(args, options, config),
+        forward: None,
+    };
+    let pulled = puller::pull(
+        &request,
+        puller::CredentialsFrom::Here(options.registry.credentials.as_ref()),
+    )
+    .map_err(anyhow::Error::msg)?;
+    eprint!("{}", pulled.stderr);
+    match pulled.answer {
+        puller::Answer::Stored(stored) => Ok(*stored),
+        puller::Answer::NotInStore(manifest_digest) => Err(NotInStore {
+            image: image.to_string(),
+            manifest_digest,
+        }
+        .into()),
+    }
+}
+
+/// The shared-store and timeout arguments of a CLI pull, for the puller.
+fn puller_args(args: &StoreArgs, options: &PullOptions, config: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(shared) = &options.shared {
+        out.extend([
+            "--shared-store".to_string(),
+            "--lease-timeout".to_string(),
+            shared.lease_timeout.as_secs().to_string(),
+            "--wait-timeout".to_string(),
+            shared.wait_timeout.as_secs().to_string(),
+        ]);
+    }
+    if let Some(seconds) = args.registry_timeout.or(config.registry_timeout) {
+        out.extend(["--registry-timeout".to_string(), seconds.to_string()]);
+    }
+    out
 }
 
 /// `berth containers list|rm`.

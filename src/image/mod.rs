@@ -13,7 +13,7 @@ pub mod writeback;
 
 pub use config::ImageConfig;
 pub use layer::Layer;
-pub use squashfs::{convert, convert_with, ConvertStats, SquashfsOptions};
+pub use squashfs::{convert, convert_with, ConvertStats, SquashfsOptions, DEFAULT_MAX_IMAGE_BYTES};
 
 /// Version of the layers-to-squashfs conversion. Stored images made by another
 /// version are converted again: bump it whenever the output changes.

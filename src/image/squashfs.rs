@@ -147,10 +147,12 @@ impl<W: std::io::Write> std::io::Write for LimitedWriter<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         if buf.len() as u64 > self.left {
             return Err(std::io::Error::other(format!(
-                "the image expands to more than {} bytes ({} GiB) of files: refused as a \
-                 decompression bomb or an image too large for this node",
-                self.limit,
-                self.limit >> 30
+                "the image expands to more than {} ({} bytes) of files: refused as a \
+                 decompression bomb or an image too large for this node; if the image is \
+                 legitimate, raise the limit (plugstack `max_image_size`, or \
+                 `berth pull --max-image-size`)",
+                crate::store::units::format_size(self.limit),
+                self.limit
             )));
         }
         let n = self.inner.write(buf)?;

@@ -78,12 +78,18 @@ impl fmt::Debug for EnrootCredentials {
 
 impl EnrootCredentials {
     /// The file enroot reads: `$ENROOT_CONFIG_PATH/.credentials`, else
+    /// `$XDG_CONFIG_HOME/enroot/.credentials`, else
     /// `$HOME/.config/enroot/.credentials`.
     pub fn default_path() -> Option<PathBuf> {
-        Self::path_from(
-            std::env::var_os("ENROOT_CONFIG_PATH").map(PathBuf::from),
-            std::env::var_os("HOME").map(PathBuf::from),
-        )
+        let config_path = std::env::var_os("ENROOT_CONFIG_PATH")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("XDG_CONFIG_HOME")
+                    .filter(|d| !d.is_empty())
+                    .map(|d| PathBuf::from(d).join("enroot"))
+            });
+        Self::path_from(config_path, std::env::var_os("HOME").map(PathBuf::from))
     }
 
     /// The credentials file given enroot's config directory and a home directory

@@ -15,9 +15,11 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use super::handle::{self, Spank};
-use super::remote::{self, run_pull, PullAnswer, StepContext};
+use super::remote::{self, run_pull, StepContext};
 use crate::config::{Config, FanoutMode};
 use crate::fanout::{JobUser, ReceiveRequest, SendRequest, SendWhat, FANOUT_ARG};
+use crate::privilege::with_root;
+use crate::puller::Answer;
 use crate::reference::ImageSource;
 use crate::store::{ImageHold, StoredImage};
 
@@ -52,16 +54,6 @@ impl FanoutStep {
     }
 }
 
-/// Reads `berth pull --cached-only --json`'s answer for an image not in the store.
-pub(super) fn not_in_store(stdout: &[u8], image: &str) -> Result<String, String> {
-    let answer: serde_json::Value = serde_json::from_slice(stdout)
-        .map_err(|e| format!("the berth helper gave an unreadable answer for '{image}': {e}"))?;
-    answer["not_in_store"]
-        .as_str()
-        .map(str::to_string)
-        .ok_or_else(|| format!("the berth helper gave an unreadable answer for '{image}'"))
-}
-
 /// Pulls the step's image (fanning it out when the step does) and holds it.
 pub(super) fn pull_and_hold(
     ctx: &StepContext,
@@ -70,11 +62,13 @@ pub(super) fn pull_and_hold(
     let (config, store) = (ctx.config, ctx.store.as_path());
     let step = match &ctx.fanout {
         Some(step) if matches!(ImageSource::parse(image), Ok(ImageSource::Registry(_))) => step,
-        _ => return remote::pull_and_hold(config, store, image),
+        _ => return remote::pull_and_hold(config, store, image, &ctx.requester()),
     };
-    let missing = match run_pull(config, store, image, true)? {
-        PullAnswer::Stored(stored) => return remote::hold(config, store, image, *stored),
-        PullAnswer::NotInStore(digest) => digest,
+    let missing = match run_pull(config, store, image, &ctx.requester(), true)? {
+        Answer::Stored(stored) => {
+            return remote::hold(config, store, image, *stored, &ctx.requester())
+        }
+        Answer::NotInStore(digest) => digest,
     };
     if step.node_id == 0 {
         send_side(ctx, step, image, missing)
@@ -100,7 +94,7 @@ fn send_side(
     ) {
         handle::log_info(&format!("fan-out: cannot announce the pull: {e}"));
     }
-    match remote::pull_and_hold(ctx.config, &ctx.store, image) {
+    match remote::pull_and_hold(ctx.config, &ctx.store, image, &ctx.requester()) {
         Ok((stored, hold)) => {
             let what = SendWhat::Image {
                 manifest_digest: stored.manifest_digest.clone().unwrap_or_default(),
@@ -156,14 +150,14 @@ fn receive_side(
                 ctx.node,
                 started.elapsed().as_secs_f64()
             ));
-            remote::hold(ctx.config, &ctx.store, image, stored)
+            remote::hold(ctx.config, &ctx.store, image, stored, &ctx.requester())
         }
         Err(reason) => {
             handle::log_user(&format!(
                 "{}: fan-out: {reason}; pulling {image} from the registry",
                 ctx.node
             ));
-            remote::pull_and_hold(ctx.config, &ctx.store, image)
+            remote::pull_and_hold(ctx.config, &ctx.store, image, &ctx.requester())
         }
     }
 }
@@ -200,6 +194,14 @@ fn send(
 /// Runs `berth __fanout VERB JSON` as full root: its stdout (receive) or
 /// its stderr (send's report) on success, its stderr as the error.
 fn run_helper(
+    verb: &str,
+    request: &impl serde::Serialize,
+    config: &Config,
+) -> Result<String, String> {
+    with_root(|| run_helper_as_root(verb, request, config))
+}
+
+fn run_helper_as_root(
     verb: &str,
     request: &impl serde::Serialize,
     config: &Config,

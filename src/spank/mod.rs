@@ -8,7 +8,6 @@
 //! - `timings`: slurmstepd side: per-node setup timings shown with `srun -v`;
 //! - `remote`: slurmstepd side (pull, create the container, join tasks to it);
 //! - `named_step`: slurmstepd side of `--container-name` (join, reuse or create);
-//! - `pull_output`: the pull helper's progress, forwarded to the user while it runs;
 //! - `fanout`: slurmstepd side of `fanout=sbcast` (send, receive, or fall back to a pull).
 //!
 //! This module must not contain container or registry logic of its own.
@@ -20,7 +19,7 @@ pub mod local;
 mod named_step;
 pub mod options;
 pub mod plugin;
-pub mod pull_output;
+
 pub mod remote;
 pub mod resolve;
 pub mod timings;

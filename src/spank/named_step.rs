@@ -7,7 +7,6 @@
 //! record so later steps can join it too.
 
 use std::fs::File;
-use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::handle;
@@ -88,14 +87,15 @@ fn start_as_root(
         }
         (Action::Reuse, Some(root)) => {
             let held = hold(&root)?;
-            let (stored, image_hold) = root_image(ctx.config, &ctx.store, &root)?;
+            let (stored, image_hold) = root_image(ctx, &root)?;
             let (container, spec) = build(ctx, &stored, &root)?;
             let what = format!("'{}' started on its kept root", key.name);
             (container, spec, Some(held), image_hold, what)
         }
         (_, _) => {
             let image = ctx.options.image.clone().unwrap_or_default();
-            let (stored, image_hold) = pull_and_hold(ctx.config, &ctx.store, &image)?;
+            let (stored, image_hold) =
+                pull_and_hold(ctx.config, &ctx.store, &image, &ctx.requester())?;
             let meta = NamedMeta {
                 name: key.name.clone(),
                 uid: key.uid,
@@ -159,10 +159,10 @@ fn build(
 /// The image a named container was made from: from the store by digest
 /// when it is still there, else pulled again (and it must be the same).
 fn root_image(
-    config: &Config,
-    store: &Path,
+    ctx: &StepContext,
     root: &NamedRoot,
 ) -> Result<(StoredImage, Option<ImageHold>), String> {
+    let store = &ctx.store;
     let meta = &root.meta;
     if let Some(digest) = &meta.manifest_digest {
         let opened = crate::store::Store::open_unswept(store).map_err(|e| format!("{e:#}"))?;
@@ -172,7 +172,7 @@ fn root_image(
             }
         }
     }
-    let (stored, hold) = pull_and_hold(config, store, &meta.image)?;
+    let (stored, hold) = pull_and_hold(ctx.config, store, &meta.image, &ctx.requester())?;
     if stored.manifest_digest != meta.manifest_digest {
         return Err(format!(
             "named container '{}' was made from image {} ({}), which is no longer in the node \

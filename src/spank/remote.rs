@@ -17,7 +17,6 @@ use super::ffi;
 use super::handle::{self, Spank};
 use super::named_step::NamedUse;
 use super::options::{self, env_names, JobOptions};
-use super::pull_output;
 use crate::config::Config;
 use crate::container::entrypoint::EntrypointRun;
 use crate::container::save::{check_output, SaveRequest, SAVE_ARG};
@@ -26,6 +25,8 @@ use crate::container::{spawn_holder, task_env, Container, Mode};
 use crate::image::ImageConfig;
 use crate::named::{ContainerName, NamedRoots};
 use crate::privilege::with_root;
+use crate::puller::{Answer, CredentialsFrom, PullRequest, Requester};
+use crate::reference::ImageSource;
 use crate::store::{ImageHold, Store, StoredImage};
 
 /// The container of this step on this node, created in `user_init`.
@@ -76,6 +77,16 @@ pub(super) struct StepContext<'a> {
     pub(super) fanout: Option<super::fanout::FanoutStep>,
     /// `srun -v`: show this node's setup timings to the user.
     pub(super) verbose: bool,
+}
+
+impl StepContext<'_> {
+    /// The job's user, for whom images are pulled (with their credentials).
+    pub(super) fn requester(&self) -> Requester<'_> {
+        Requester {
+            user: &self.user,
+            job_env: &self.job_env,
+        }
+    }
 }
 
 /// Why `user_init` could not make the container. Slurm 22.05's srun exits 0
@@ -212,7 +223,7 @@ fn start_unnamed(ctx: &StepContext) -> Result<(StepContainer, String), String> {
         ctx.store.display()
     ));
     let pull_started = Instant::now();
-    let (stored, image_hold) = with_root(|| super::fanout::pull_and_hold(ctx, &image))?;
+    let (stored, image_hold) = super::fanout::pull_and_hold(ctx, &image)?;
     let pulled = pull_started.elapsed();
     let mut spec = build_spec(ctx, &stored)?;
     let mut save = None;
@@ -575,9 +586,10 @@ pub(super) fn pull_and_hold(
     config: &Config,
     store: &Path,
     image: &str,
+    requester: &Requester,
 ) -> Result<(StoredImage, Option<ImageHold>), String> {
-    let stored = pull(config, store, image)?;
-    hold(config, store, image, stored)
+    let stored = pull(config, store, image, requester)?;
+    hold(config, store, image, stored, requester)
 }
 
 /// Takes a shared hold on a pulled image for the step; pulls once more when
@@ -587,173 +599,92 @@ pub(super) fn hold(
     store: &Path,
     image: &str,
     mut stored: StoredImage,
+    requester: &Requester,
 ) -> Result<(StoredImage, Option<ImageHold>), String> {
     if stored.manifest_digest.is_none() {
         return Ok((stored, None)); // a squashfs file given by path, not in the store
     }
-    let open = || Store::open_unswept(store).map_err(|e| format!("{e:#}"));
-    let hold = match open()?.hold(&stored) {
+    let open = || with_root(|| Store::open_unswept(store)).map_err(|e| format!("{e:#}"));
+    let hold = match with_root(|| open()?.hold(&stored).map_err(|e| format!("{e:#}"))) {
         Ok(hold) => hold,
         Err(_) => {
-            stored = pull(config, store, image)?;
-            open()?.hold(&stored).map_err(|e| format!("{e:#}"))?
+            stored = pull(config, store, image, requester)?;
+            with_root(|| open()?.hold(&stored).map_err(|e| format!("{e:#}")))?
         }
     };
     Ok((stored, Some(hold)))
 }
 
-/// Runs `berth pull --json` (as root, into the node store) and reads its answer.
-fn pull(config: &Config, store: &Path, image: &str) -> Result<StoredImage, String> {
-    match run_pull(config, store, image, false)? {
-        PullAnswer::Stored(stored) => Ok(*stored),
-        PullAnswer::NotInStore(digest) => Err(format!(
+/// Gets `image` for the step: a squashfs file given by path is checked with
+/// the user's own permissions; a registry image is pulled into the node
+/// store as the pull user with the user's credentials ([`crate::puller`]).
+/// Called with the user's effective ids (`user_init`).
+pub(super) fn pull(
+    config: &Config,
+    store: &Path,
+    image: &str,
+    requester: &Requester,
+) -> Result<StoredImage, String> {
+    match run_pull(config, store, image, requester, false)? {
+        Answer::Stored(stored) => Ok(*stored),
+        Answer::NotInStore(digest) => Err(format!(
             "the berth helper did not pull '{image}' ({digest}) into the store"
         )),
     }
 }
 
-/// What the pull helper answered.
-pub(super) enum PullAnswer {
-    /// The image, in the store.
-    Stored(Box<StoredImage>),
-    /// `cached_only`: not in the store; its manifest digest.
-    NotInStore(String),
-}
-
-/// Runs `berth pull --json` (as root, into the node store); with
-/// `cached_only`, only looks in the store (after asking the registry for
-/// the manifest, as every pull does).
+/// [`pull`]; with `cached_only`, only looks in the store (after asking the
+/// registry for the manifest, as every pull does).
 pub(super) fn run_pull(
     config: &Config,
     store: &Path,
     image: &str,
+    requester: &Requester,
     cached_only: bool,
-) -> Result<PullAnswer, String> {
-    let mut command = Command::new(&config.helper_path);
-    command.arg("pull").arg("--json").arg("--store").arg(store);
-    if cached_only {
-        command.arg("--cached-only");
-    }
-    for registry in &config.insecure_registries {
-        command.arg("--insecure-registry").arg(registry);
-    }
-    for (registry, mirror) in &config.mirrors {
-        command.arg("--mirror").arg(format!("{registry}={mirror}"));
-    }
-    if let Some(n) = config.registry_retries {
-        command.arg("--registry-retries").arg(n.to_string());
-    }
-    command.args(config.shared_store_args());
-    if let Some(n) = config.registry_timeout {
-        command.arg("--registry-timeout").arg(n.to_string());
-    }
-    command.arg("--progress").arg("lines");
-    command.arg("--").arg(image);
-    command
-        .stdin(Stdio::null())
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
-    crate::privilege::run_as_full_root(&mut command);
-    let cannot_run = |e: std::io::Error| {
-        format!(
-            "cannot run the berth helper {}: {e} (check helper_path in plugstack.conf)",
-            config.helper_path.display()
-        )
+) -> Result<Answer, String> {
+    let reference = match ImageSource::parse(image).map_err(|e| format!("{e:#}"))? {
+        ImageSource::SquashfsFile(path) => {
+            return Store::open_squashfs_file(&path)
+                .map(|stored| Answer::Stored(Box::new(stored)))
+                .map_err(|e| format!("{e:#}"))
+        }
+        ImageSource::Registry(reference) => reference,
     };
-    let child = command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(cannot_run)?;
+    let mut extra_args = config.shared_store_args();
+    if let Some(n) = config.registry_timeout {
+        extra_args.extend(["--registry-timeout".to_string(), n.to_string()]);
+    }
     let node = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_default();
     // Progress lines reach the user while the pull runs (one per node every
     // few seconds), and the final "pulled" line when the image was fetched.
-    let output = pull_output::wait_forwarding(child, &format!("{node}: {image}"), |line| {
-        handle::log_user(line)
-    })
-    .map_err(cannot_run)?;
-    if cached_only && output.status.code() == Some(crate::store::NOT_IN_STORE_EXIT.into()) {
-        return super::fanout::not_in_store(&output.stdout, image).map(PullAnswer::NotInStore);
-    }
-    if !output.status.success() {
-        return Err(pull_failure(image, output.status, &output.stderr));
-    }
-    super::timings::record_helper_output(&output.stderr);
-    super::timings::helper_notes(&output.stderr)
+    let show = |line: &str| handle::log_user(line);
+    let request = PullRequest {
+        helper: &config.helper_path,
+        store,
+        image: &reference,
+        pull_user: &config.pull_user,
+        insecure_registries: &config.insecure_registries,
+        mirrors: &config.mirrors,
+        registry_retries: config.registry_retries,
+        max_image_size: config.max_image_size,
+        progress: "lines",
+        cached_only,
+        extra_args,
+        forward: Some((format!("{node}: {image}"), &show)),
+    };
+    let pulled = crate::puller::pull(&request, CredentialsFrom::User(requester))?;
+    super::timings::record_helper_output(&pulled.stderr);
+    super::timings::helper_notes(&pulled.stderr)
         .iter()
         .for_each(|note| handle::log_user(note));
-    serde_json::from_slice(&output.stdout)
-        .map(|stored| PullAnswer::Stored(Box::new(stored)))
-        .map_err(|e| format!("the berth helper gave an unreadable answer for '{image}': {e}"))
-}
-
-/// What to tell the user when `berth pull` failed: its error (which names the
-/// image and what to do) without its progress lines, or how it ended when it
-/// said nothing (killed).
-fn pull_failure(image: &str, status: std::process::ExitStatus, stderr: &str) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    // Progress lines come first; the error (possibly several lines) is last,
-    // from the first line that starts with `error: `.
-    let error = stderr
-        .match_indices("error: ")
-        .find(|(at, _)| *at == 0 || stderr[..*at].ends_with('\n'))
-        .map_or("", |(at, _)| stderr[at + "error: ".len()..].trim());
-    if !error.is_empty() {
-        if error.contains(image) {
-            return error.to_string();
-        }
-        return format!("cannot pull image '{image}': {error}");
-    }
-    let how = match status.signal() {
-        Some(signal) => format!(
-            "was killed by signal {signal} ({})",
-            nix::sys::signal::Signal::try_from(signal).map_or("unknown", |s| s.as_str())
-        ),
-        None => format!("failed with {status}"),
-    };
-    format!(
-        "the pull of image '{image}' on this node {how} before it finished; nothing was \
-         stored, the next step pulls it again{}",
-        match stderr.lines().rev().find(|l| !l.trim().is_empty()) {
-            Some(last) => format!(" (its last message: {})", last.trim()),
-            None => String::new(),
-        }
-    )
+    Ok(pulled.answer)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pull_failures_show_the_error_or_how_the_pull_ended() {
-        use std::os::unix::process::ExitStatusExt;
-        let output =
-            |raw: i32, stderr: &str| (std::process::ExitStatus::from_raw(raw), stderr.to_string());
-        let failed = output(
-            1 << 8,
-            "berth: resolving x\nberth: layer sha256:aa fetched\nerror: cannot fetch x: HTTP 500\n",
-        );
-        assert_eq!(
-            pull_failure("x", failed.0, &failed.1),
-            "cannot fetch x: HTTP 500"
-        );
-        let nested = output(1 << 8, "error: registry r down (io error: refused)\n");
-        assert_eq!(
-            pull_failure("img", nested.0, &nested.1),
-            "cannot pull image 'img': registry r down (io error: refused)"
-        );
-        let killed = output(9, "berth: resolving x\n");
-        let message = pull_failure("x", killed.0, &killed.1);
-        assert!(
-            message.contains("killed by signal 9 (SIGKILL)")
-                && message.contains("'x'")
-                && message.contains("berth: resolving x"),
-            "{message}"
-        );
-    }
 
     #[test]
     fn pmi_binds_keep_existing_dirs_outside_tmp() {

@@ -84,11 +84,12 @@ impl FileLock {
     }
 }
 
+/// Opens (creating) a lock file read-only: `flock` needs no write access,
+/// so root (gc, rmi) and the pull user can lock files the other made.
 fn open_lock_file(path: &Path) -> Result<File> {
     OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
+        .read(true)
+        .custom_flags(libc::O_CREAT | libc::O_CLOEXEC)
         .mode(0o644)
         .open(path)
         .with_context(|| format!("cannot open lock file {}", path.display()))

@@ -24,6 +24,10 @@
 //! leases in `leases/<manifest-hex>.lease` instead of the per-image `flock`,
 //! and `retired/` for outdated images it does not remove while other nodes
 //! may use them.
+//! In a node store the root (and `containers/`) is root's and the content
+//! areas above belong to the pull user, who alone writes them
+//! ([`crate::puller::layout`]); lock files are opened read-only so either side
+//! can lock what the other made.
 //!
 //! A running container holds a shared `flock` on its `image.sqfs`
 //! ([`Store::hold`]); `rmi` and `gc` never remove an image someone holds.
@@ -99,7 +103,7 @@ pub struct StoredImage {
 }
 
 /// How to pull.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct PullOptions {
     /// Registry access (insecure registries, timeouts, credentials).
     pub registry: RegistryOptions,
@@ -111,6 +115,26 @@ pub struct PullOptions {
     /// Use the store as one shared by several nodes (`store_shared`); a
     /// store marked shared is used so anyway.
     pub shared: Option<SharedSettings>,
+    /// Largest flattened image a pull may write (decompression-bomb limit).
+    pub max_image_bytes: u64,
+}
+
+impl Default for PullOptions {
+    fn default() -> Self {
+        PullOptions {
+            registry: RegistryOptions::default(),
+            progress: ProgressMode::default(),
+            cached_only: false,
+            shared: None,
+            max_image_bytes: crate::image::DEFAULT_MAX_IMAGE_BYTES,
+        }
+    }
+}
+
+/// Marks the store at `root` as shared by several nodes (`store_shared`),
+/// once; root does it for the pull user, who cannot write the store's root.
+pub fn mark_shared_store(root: &Path) -> Result<()> {
+    shared::mark(root)
 }
 
 /// Exit code of `berth pull --cached-only` for an image not in the store.
@@ -386,6 +410,33 @@ impl Store {
             }
         }
         Ok(None)
+    }
+
+    /// Whether an image of `image`'s repository, with its tag or digest, is
+    /// in the store (whoever pulled it).
+    pub fn has_cached(&self, image: &ImageRef) -> bool {
+        let Ok(entries) = fs::read_dir(self.images_dir()) else {
+            return false;
+        };
+        entries.flatten().any(|entry| {
+            let Ok(digest) =
+                Digest::parse(&format!("sha256:{}", entry.file_name().to_string_lossy()))
+            else {
+                return false;
+            };
+            let Some(meta) = self.read_meta(&digest) else {
+                return false;
+            };
+            let same_repository =
+                meta.registry == image.registry && meta.repository == image.repository;
+            let same_version = match (&image.digest, &image.tag) {
+                (Some(pinned), _) => {
+                    *pinned == meta.manifest_digest || Some(pinned) == meta.index_digest.as_ref()
+                }
+                (None, tag) => *tag == meta.tag,
+            };
+            same_repository && same_version
+        })
     }
 
     /// `meta.json` of the image `digest`, when present and readable.

@@ -82,12 +82,15 @@ fn pull_unchecked(store: &Store, image: &ImageRef, options: &PullOptions) -> Res
             started.elapsed().as_millis()
         ))
     };
-    if let Some(found) = pinned_in_store(store, &client, image, &progress)? {
+    let private = |e: anyhow::Error| refused_but_cached(store, image, e);
+    if let Some(found) = pinned_in_store(store, &client, image, &progress).map_err(private)? {
         looked_up();
         return Ok(found);
     }
     progress.say(format!("resolving {image}"));
-    let resolved = client.resolve(image, &Platform::current())?;
+    let resolved = client
+        .resolve(image, &Platform::current())
+        .map_err(private)?;
     let digest = resolved.manifest_digest.clone();
     looked_up();
     if let Some(found) = store.load(&digest)? {
@@ -155,15 +158,7 @@ fn pull_unchecked(store: &Store, image: &ImageRef, options: &PullOptions) -> Res
     let staging = TempEntry::dir(&store.tmp_dir(), &format!("image-{}", digest.hex()), 0o755)?;
     let sqfs = staging.path().join("image.sqfs");
     let stats = bars.run_ticker(|| {
-        download_and_convert(
-            store,
-            &client,
-            image,
-            &layers,
-            options.registry.retry,
-            &bars,
-            &sqfs,
-        )
+        download_and_convert(store, &client, image, &layers, options, &bars, &sqfs)
     })?;
     for w in &stats.warnings {
         eprintln!("berth: warning: {image}: {w}");
@@ -228,6 +223,28 @@ enum PullGuard {
     Lease(#[allow(dead_code)] lease::Lease),
     /// Another node published the image while this one waited.
     None,
+}
+
+/// A registry refusal of `image` that is in the store says so: the image is
+/// cached on this node, but handed only to users the registry lets read it.
+fn refused_but_cached(store: &Store, image: &ImageRef, e: anyhow::Error) -> anyhow::Error {
+    let Some(RegistryError::Denied {
+        registry,
+        status,
+        credentials,
+        ..
+    }) = e.downcast_ref::<RegistryError>()
+    else {
+        return e;
+    };
+    if !store.has_cached(image) {
+        return e;
+    }
+    anyhow::anyhow!(
+        "the registry {registry} refused your credentials for {image} (HTTP {status}); it is \
+         cached on this node but private, and berth hands a private image only to users the \
+         registry lets read it: add credentials for {registry} to {credentials}"
+    )
 }
 
 /// The stored image, with the reference the user asked for (pinned).
@@ -350,10 +367,11 @@ fn download_and_convert(
     client: &RegistryClient,
     image: &ImageRef,
     layers: &[Descriptor],
-    retry: RetryPolicy,
+    options: &PullOptions,
     progress: &Progress,
     sqfs: &std::path::Path,
 ) -> Result<image::ConvertStats> {
+    let retry = options.registry.retry;
     let digests = layers
         .iter()
         .map(|l| parse_digest(image, &l.digest))

@@ -38,8 +38,7 @@ pub(super) fn options(reg: &FakeRegistry) -> PullOptions {
             ..RegistryOptions::default()
         },
         progress: ProgressMode::Off,
-        cached_only: false,
-        shared: None,
+        ..PullOptions::default()
     }
 }
 
@@ -264,8 +263,7 @@ fn real_registry_pull() {
             ..RegistryOptions::default()
         },
         progress: ProgressMode::Lines,
-        cached_only: false,
-        shared: None,
+        ..PullOptions::default()
     };
     let start = std::time::Instant::now();
     let img = pull_image(Path::new(&store), &ImageSource::Registry(r), &options).unwrap();

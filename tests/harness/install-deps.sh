@@ -7,7 +7,9 @@
 #   - makes munge startable (directory ownership, key present);
 #   - makes /dev/fuse usable by ordinary users (mode 0666);
 #   - creates the test user `berthuser` with supplementary group `berthgrp`,
-#     and berthuser2..4 (no extra group) for tests across users.
+#     and berthuser2..4 (no extra group) for tests across users;
+#   - creates berth's pull user `berth` (a system user; `make install` and the
+#     Debian package do the same on a real node).
 # Safe to run again: when everything is already there it takes a second or two.
 # Package services are not started by the install (a temporary policy-rc.d);
 # tests/harness/cluster.sh starts what it needs itself.
@@ -134,6 +136,12 @@ make_test_user() {
             log "created user $u"
         fi
     done
+    # The unprivileged user berth pulls images as (plugstack pull_user).
+    if ! id -u berth >/dev/null 2>&1; then
+        useradd --system --user-group --no-create-home --home-dir /nonexistent \
+            --shell /usr/sbin/nologin --comment 'berth image puller' berth
+        log "created the pull user berth"
+    fi
 }
 
 start=$SECONDS

@@ -1,0 +1,241 @@
+//! Who owns what in a node store: the store root and the named-container
+//! area are root's; the image-content areas (`blobs/`, `images/`, `tmp/`,
+//! `locks/`) belong to the pull user, who alone writes them. Ordinary users
+//! can write nothing.
+//!
+//! A store made by an older berth (everything root's) is adopted on first
+//! use: the content areas are handed to the pull user, symlinks never
+//! followed.
+
+use std::fs;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use nix::fcntl::AtFlags;
+use nix::unistd::{fchownat, Gid, Uid};
+
+use super::PullUser;
+
+/// The content areas the pull user owns, with their modes, parents first.
+pub const CONTENT_DIRS: &[(&str, u32)] = &[
+    ("blobs", 0o755),
+    ("blobs/sha256", 0o755),
+    ("images", 0o755),
+    ("tmp", 0o700),
+    ("locks", 0o755),
+    // A shared store's pull leases and outdated images (`store_shared`).
+    ("leases", 0o755),
+    ("retired", 0o755),
+];
+
+/// Makes `root` a store the pull user can fill (as root): the root folder
+/// root's, mode 0755; the content areas the pull user's, adopting those an
+/// older berth made as root. Returns the areas it adopted.
+pub fn prepare_store(root: &Path, user: &PullUser) -> Result<Vec<PathBuf>> {
+    if !root.is_dir() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(root)
+            .with_context(|| {
+                format!(
+                    "cannot create the image store {}: check store_path and its parent",
+                    root.display()
+                )
+            })?;
+        fs::set_permissions(root, fs::Permissions::from_mode(0o755))
+            .with_context(|| format!("cannot set the mode of {}", root.display()))?;
+    }
+    let meta = fs::symlink_metadata(root)
+        .with_context(|| format!("cannot read the image store {}", root.display()))?;
+    if meta.uid() != 0 || meta.mode() & 0o022 != 0 {
+        bail!(
+            "the image store {} is owned by uid {} with mode {:o}: it must be root's and \
+             writable only by root (chown root: {0}; chmod 755 {0})",
+            root.display(),
+            meta.uid(),
+            meta.mode() & 0o7777
+        );
+    }
+    check_reachable(root, user)?;
+    let mut adopted = Vec::new();
+    for (name, mode) in CONTENT_DIRS {
+        let dir = root.join(name);
+        match fs::symlink_metadata(&dir) {
+            Ok(m) if m.file_type().is_symlink() || !m.is_dir() => bail!(
+                "{} is not a folder: move it away so that berth can make the store's {name} area",
+                dir.display()
+            ),
+            Ok(m) if m.uid() == user.uid && m.gid() == user.gid => continue,
+            Ok(_) => {
+                chown_tree(&dir, user)?;
+                adopted.push(dir.clone());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                fs::DirBuilder::new()
+                    .mode(*mode)
+                    .create(&dir)
+                    .or_else(|e| if dir.is_dir() { Ok(()) } else { Err(e) })
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
+                fs::set_permissions(&dir, fs::Permissions::from_mode(*mode))
+                    .with_context(|| format!("cannot set the mode of {}", dir.display()))?;
+                chown(&dir, user)?;
+            }
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", dir.display())),
+        }
+    }
+    Ok(adopted)
+}
+
+/// The uid owning `root`'s content areas when it is a pull-user store
+/// (`images/` owned by someone other than root); `None` otherwise.
+pub fn content_owner(root: &Path) -> Option<u32> {
+    let meta = fs::symlink_metadata(root.join("images")).ok()?;
+    (meta.is_dir() && meta.uid() != 0).then_some(meta.uid())
+}
+
+/// Fails, naming the folder, when the pull user cannot walk down to `root`
+/// (the folders that exist are checked).
+pub fn check_reachable(root: &Path, user: &PullUser) -> Result<()> {
+    for dir in root.ancestors().filter(|d| d.exists()) {
+        let meta = fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+        let mode = meta.mode();
+        let can_enter = if meta.uid() == user.uid {
+            mode & 0o100 != 0
+        } else if meta.gid() == user.gid {
+            mode & 0o010 != 0
+        } else {
+            mode & 0o001 != 0
+        };
+        if !can_enter {
+            bail!(
+                "the pull user {} cannot reach the image store {}: {} is mode {:o}; let \
+                 others enter it (chmod o+x {2}) or choose another store_path",
+                user.name,
+                root.display(),
+                dir.display(),
+                mode & 0o7777
+            );
+        }
+    }
+    Ok(())
+}
+
+fn chown(path: &Path, user: &PullUser) -> Result<()> {
+    fchownat(
+        None,
+        path,
+        Some(Uid::from_raw(user.uid)),
+        Some(Gid::from_raw(user.gid)),
+        AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .with_context(|| {
+        format!(
+            "cannot give {} to the pull user {}",
+            path.display(),
+            user.name
+        )
+    })
+}
+
+/// Gives `dir` and everything below it to the pull user, never following a
+/// symlink (the links themselves change owner).
+fn chown_tree(dir: &Path, user: &PullUser) -> Result<()> {
+    chown(dir, user)?;
+    let entries = fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
+    for entry in entries {
+        let entry = entry.with_context(|| format!("cannot list {}", dir.display()))?;
+        let kind = entry
+            .file_type()
+            .with_context(|| format!("cannot read {}", entry.path().display()))?;
+        if kind.is_dir() {
+            chown_tree(&entry.path(), user)?;
+        } else {
+            chown(&entry.path(), user)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nobody() -> PullUser {
+        PullUser::lookup("nobody").unwrap()
+    }
+
+    /// A root-owned store of an older berth is adopted; links are not followed.
+    #[test]
+    fn old_root_stores_are_adopted() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let base = tempfile::tempdir_in("/var/tmp").unwrap();
+        fs::set_permissions(base.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let outside = base.path().join("outside");
+        fs::write(&outside, "x").unwrap();
+        let root = base.path().join("store");
+        for (name, _) in CONTENT_DIRS {
+            fs::create_dir_all(root.join(name)).unwrap();
+        }
+        fs::create_dir_all(root.join("containers/1000")).unwrap();
+        fs::create_dir_all(root.join("images/abc")).unwrap();
+        fs::write(root.join("images/abc/image.sqfs"), "hsqs").unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("images/abc/link")).unwrap();
+        let user = nobody();
+        assert_eq!(content_owner(&root), None);
+        let adopted = prepare_store(&root, &user).unwrap();
+        assert_eq!(adopted.len(), CONTENT_DIRS.len() - 1, "{adopted:?}"); // blobs/sha256 came with blobs
+        for path in [
+            "images",
+            "images/abc",
+            "images/abc/image.sqfs",
+            "tmp",
+            "locks",
+            "blobs/sha256",
+        ] {
+            assert_eq!(
+                fs::symlink_metadata(root.join(path)).unwrap().uid(),
+                user.uid,
+                "{path}"
+            );
+        }
+        assert_eq!(
+            fs::symlink_metadata(root.join("images/abc/link"))
+                .unwrap()
+                .uid(),
+            user.uid
+        );
+        assert_eq!(
+            fs::metadata(&outside).unwrap().uid(),
+            0,
+            "a symlink was followed"
+        );
+        assert_eq!(fs::metadata(&root).unwrap().uid(), 0);
+        assert_eq!(fs::metadata(root.join("containers")).unwrap().uid(), 0);
+        assert_eq!(content_owner(&root), Some(user.uid));
+        // Once adopted, nothing more to do.
+        assert!(prepare_store(&root, &user).unwrap().is_empty());
+    }
+
+    #[test]
+    fn unreachable_and_foreign_stores_are_refused() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let base = tempfile::tempdir_in("/var/tmp").unwrap();
+        fs::set_permissions(base.path(), fs::Permissions::from_mode(0o700)).unwrap();
+        let e = prepare_store(&base.path().join("store"), &nobody()).unwrap_err();
+        assert!(format!("{e:#}").contains("chmod o+x"), "{e:#}");
+        fs::set_permissions(base.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let open = base.path().join("open");
+        fs::create_dir(&open).unwrap();
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+        let e = prepare_store(&open, &nobody()).unwrap_err();
+        assert!(format!("{e:#}").contains("chmod 755"), "{e:#}");
+    }
+}

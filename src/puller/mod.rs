@@ -1,0 +1,25 @@
+//! The image pull as an unprivileged process: the only step that parses
+//! network bytes runs as the dedicated pull user (`pull_user`), never as
+//! root, with the requesting user's own registry credentials.
+//!
+//! [`pull`] is the one entry point (the SPANK plugin and root's CLI both
+//! call it):
+//!
+//! 1. as root, the node store is prepared for the pull user ([`layout`]);
+//! 2. the requesting user's credentials for the image's registry are looked
+//!    up by `berth __credentials` running as that user ([`CredentialsFrom`]);
+//! 3. `berth pull --json --credentials-stdin` runs as the pull user (no
+//!    groups, `no_new_privs`, cleared environment; it makes itself
+//!    non-dumpable) and reads the credentials from its stdin;
+//! 4. its one JSON line is the stored image.
+
+pub mod creds;
+pub mod identity;
+pub mod layout;
+mod output;
+mod run;
+
+pub use creds::{hosts_for, CredentialSet};
+pub use identity::PullUser;
+pub use layout::{check_reachable, content_owner, prepare_store, CONTENT_DIRS};
+pub use run::{pull, Answer, CredentialsFrom, PullRequest, Pulled, Requester, CREDENTIALS_ARG};

@@ -1,0 +1,744 @@
+//! Private images and the unprivileged pull, on the real cluster and token
+//! registry: each user's own credentials decide (read with the user's own
+//! permissions), a private image cached on a node is refused to users the
+//! registry refuses, credentials never show in a process's command line or
+//! environment or in a log, the puller runs as the pull user, the store's
+//! content belongs to it, users cannot touch each other's container tasks,
+//! and the decompression-bomb limit is configurable.
+
+mod common;
+
+use std::collections::HashSet;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::{output_of, wait_for, Cluster, Run};
+
+/// The node every test here runs on, so that "cached on this node" holds.
+const NODE: &str = "node1";
+
+/// A name no earlier run used.
+fn unique(tag: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{tag}-{}-{nanos}", std::process::id())
+}
+
+fn uid_of(user: &str) -> u32 {
+    nix::unistd::User::from_name(user)
+        .unwrap()
+        .unwrap_or_else(|| panic!("user {user} does not exist (tests/harness/install-deps.sh)"))
+        .uid
+        .as_raw()
+}
+
+/// The pull user (`pull_user`, default berth).
+fn pull_uid() -> u32 {
+    uid_of("berth")
+}
+
+/// The other test users.
+fn other_users(cluster: &Cluster) -> Vec<String> {
+    cluster
+        .var("BERTH_TEST_OTHER_USERS")
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+fn tool(program: &str, args: &[&str]) -> String {
+    let out = output_of(Command::new(program).args(args));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Pushes `from` (in the anonymous registry) with a configuration of its
+/// own to the token registry as `repository:1`, so no node has it yet.
+/// Returns the reference and its manifest digest.
+fn push_private(cluster: &Cluster, from: &str, repository: &str) -> (String, String) {
+    let creds = format!(
+        "{}:{}",
+        cluster.var("BERTH_TEST_TOKEN_USER"),
+        cluster.var("BERTH_TEST_TOKEN_PASSWORD")
+    );
+    push_unique(
+        cluster,
+        from,
+        &cluster.var("BERTH_TEST_TOKEN_REGISTRY"),
+        repository,
+        Some(&creds),
+    )
+}
+
+/// Pushes `from` (in the anonymous registry) with a configuration of its
+/// own, so a new manifest digest, to `registry/repository:1`.
+fn push_unique(
+    cluster: &Cluster,
+    from: &str,
+    registry: &str,
+    repository: &str,
+    creds: Option<&str>,
+) -> (String, String) {
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = tmp.path().join("oci");
+    let layout = layout.to_str().unwrap();
+    tool(
+        "skopeo",
+        &[
+            "copy",
+            "-q",
+            "--src-tls-verify=false",
+            &format!("docker://{}/{from}", cluster.registry()),
+            &format!("oci:{layout}:x"),
+        ],
+    );
+    tool(
+        "umoci",
+        &[
+            "config",
+            "--image",
+            &format!("{layout}:x"),
+            "--config.env",
+            &format!("BERTH_PRIVATE={}", unique("v")),
+        ],
+    );
+    let reference = format!("{registry}/{repository}:1");
+    let mut push = vec!["copy", "-q", "--dest-tls-verify=false"];
+    let mut inspect = vec!["inspect", "--tls-verify=false"];
+    if let Some(creds) = creds {
+        push.extend(["--dest-creds", creds]);
+        inspect.extend(["--creds", creds]);
+    }
+    let source = format!("oci:{layout}:x");
+    let target = format!("docker://{reference}");
+    push.extend([source.as_str(), target.as_str()]);
+    tool("skopeo", &push);
+    inspect.extend(["--format", "{{.Digest}}", target.as_str()]);
+    let digest = tool("skopeo", &inspect);
+    assert!(digest.starts_with("sha256:"), "{digest}");
+    (reference, digest)
+}
+
+/// A folder only `user` can enter, holding one credentials file.
+struct CredentialDir {
+    dir: PathBuf,
+}
+
+impl CredentialDir {
+    fn new(base: &Path, user: &str, file: &str, text: &str) -> CredentialDir {
+        let dir = base.join(user);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(file), text).unwrap();
+        let uid = uid_of(user);
+        for path in [dir.join(file), dir.clone()] {
+            std::os::unix::fs::chown(&path, Some(uid), None).unwrap();
+        }
+        std::fs::set_permissions(dir.join(file), std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        CredentialDir { dir }
+    }
+
+    fn path(&self) -> &str {
+        self.dir.to_str().unwrap()
+    }
+}
+
+/// A folder under /var/tmp every user can enter, removed at the end.
+fn shared_base() -> tempfile::TempDir {
+    let base = tempfile::Builder::new()
+        .prefix("berth-private-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    base
+}
+
+/// `srun -N1 -w node1 ARGS` as `user` with `env` (passed to the job).
+fn srun_as(cluster: &Cluster, user: &str, env: &[(&str, &str)], args: &[&str]) -> Run {
+    let mut command = Command::new("runuser");
+    command.args(["-u", user, "--", "env"]);
+    for (k, v) in env {
+        command.arg(format!("{k}={v}"));
+    }
+    command
+        .args(["timeout", "300", "srun", "-N1", "-w", NODE])
+        .args(args)
+        .current_dir(cluster.var("BERTH_TEST_WORKDIR"))
+        .env("SLURM_CONF", cluster.var("SLURM_CONF"))
+        .env_remove("SLURM_JOB_ID")
+        .env_remove("SLURM_JOBID");
+    let out = output_of(&mut command);
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn enroot_entry(cluster: &Cluster, password: &str) -> String {
+    // A machine without a port: it matches the registry and its token service.
+    format!(
+        "machine {} login {} password {password}\n",
+        cluster.var("BERTH_TEST_BRIDGE_IP"),
+        cluster.var("BERTH_TEST_TOKEN_USER")
+    )
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Asserts that `run` is the clear refusal of a private image cached on the node.
+fn assert_refused_as_private(run: Run, who: &str) {
+    let run = run.failed();
+    assert!(
+        run.stderr.contains("refused your credentials")
+            && run.stderr.contains("cached on this node but private")
+            && run.stderr.contains("add credentials"),
+        "{who}: not the private-image refusal:\n{}",
+        run.stderr
+    );
+    assert!(
+        !run.stdout.contains("uid="),
+        "{who} ran the image: {}",
+        run.stdout
+    );
+}
+
+/// Each user's own credentials decide, on the node where the image is
+/// cached: enroot's file (through ENROOT_CONFIG_PATH) and docker's
+/// config.json (through DOCKER_CONFIG) work; no credentials, wrong ones, and
+/// another user's file (unreadable to this user, readable to root) are
+/// refused with the clear message, by tag and by digest; a public image
+/// works for everyone.
+#[test]
+fn private_images_follow_each_users_credentials() {
+    let Some(cluster) = Cluster::get() else {
+        return;
+    };
+    let others = other_users(&cluster);
+    let (two, three, four) = (&others[0], &others[1], &others[2]);
+    let repository = format!("private/{}", unique("creds"));
+    let (image, digest) = push_private(&cluster, "busybox:latest", &repository);
+    let base = shared_base();
+    let password = cluster.var("BERTH_TEST_TOKEN_PASSWORD");
+    let own = CredentialDir::new(
+        base.path(),
+        common::TEST_USER,
+        ".credentials",
+        &enroot_entry(&cluster, &password),
+    );
+    let wrong = CredentialDir::new(
+        base.path(),
+        three,
+        ".credentials",
+        &enroot_entry(&cluster, "wrong-password"),
+    );
+    let auth = base64(format!("{}:{password}", cluster.var("BERTH_TEST_TOKEN_USER")).as_bytes());
+    let docker = CredentialDir::new(
+        base.path(),
+        four,
+        "config.json",
+        &format!(
+            r#"{{"auths": {{"{}": {{"auth": "{auth}"}}}}}}"#,
+            cluster.var("BERTH_TEST_TOKEN_REGISTRY")
+        ),
+    );
+    let option = format!("--container-image={image}");
+    let pinned = format!(
+        "--container-image={}@{digest}",
+        image.trim_end_matches(":1")
+    );
+
+    let first = srun_as(
+        &cluster,
+        common::TEST_USER,
+        &[("ENROOT_CONFIG_PATH", own.path())],
+        &[&option, "id", "-u"],
+    )
+    .ok();
+    assert_eq!(first.stdout.trim(), uid_of(common::TEST_USER).to_string());
+    let with_docker = srun_as(
+        &cluster,
+        four,
+        &[("DOCKER_CONFIG", docker.path())],
+        &[&option, "id", "-u"],
+    )
+    .ok();
+    assert_eq!(with_docker.stdout.trim(), uid_of(four).to_string());
+
+    assert_refused_as_private(
+        srun_as(&cluster, two, &[], &[&option, "id", "-u"]),
+        "no credentials, by tag",
+    );
+    assert_refused_as_private(
+        srun_as(&cluster, two, &[], &[&pinned, "id", "-u"]),
+        "no credentials, by digest",
+    );
+    assert_refused_as_private(
+        srun_as(
+            &cluster,
+            three,
+            &[("ENROOT_CONFIG_PATH", wrong.path())],
+            &[&option, "id", "-u"],
+        ),
+        "wrong credentials",
+    );
+    let borrowed = srun_as(
+        &cluster,
+        two,
+        &[("ENROOT_CONFIG_PATH", own.path())],
+        &[&pinned, "id", "-u"],
+    );
+    assert!(
+        borrowed.stderr.contains("Permission denied"),
+        "another user's credentials file was read for {two}:\n{}",
+        borrowed.stderr
+    );
+    assert_refused_as_private(borrowed, "another user's credentials file");
+
+    // The owner still gets it by digest (a HEAD with their credentials).
+    srun_as(
+        &cluster,
+        common::TEST_USER,
+        &[("ENROOT_CONFIG_PATH", own.path())],
+        &[&pinned, "true"],
+    )
+    .ok();
+    let public = format!(
+        "--container-image={}/public/busybox:latest",
+        cluster.var("BERTH_TEST_TOKEN_REGISTRY")
+    );
+    for user in [two.as_str(), three.as_str()] {
+        srun_as(&cluster, user, &[], &[&public, "true"]).ok();
+    }
+}
+
+/// Whether `pid` lives in one of the test cluster's node network namespaces
+/// (slurmd, slurmstepd, the helpers and tasks all do).
+fn in_cluster(pid: &str, namespaces: &HashSet<u64>) -> bool {
+    std::fs::read_link(format!("/proc/{pid}/ns/net"))
+        .ok()
+        .and_then(|l| {
+            l.to_string_lossy()
+                .strip_prefix("net:[")?
+                .strip_suffix(']')?
+                .parse()
+                .ok()
+        })
+        .is_some_and(|inode: u64| namespaces.contains(&inode))
+}
+
+/// What the process sampler saw.
+#[derive(Default)]
+struct Sightings {
+    /// Processes whose command line or environment held the password.
+    leaks: Vec<String>,
+    /// (uid, command line) of every puller seen.
+    pullers: Vec<(u32, String)>,
+    /// (uid, command line) of every credentials helper seen.
+    helpers: Vec<(u32, String)>,
+    rounds: usize,
+}
+
+/// Reads every cluster process's command line and environment until `stop`.
+fn sample(namespaces: &HashSet<u64>, secret: &[u8], stop: &AtomicBool, seen: &Mutex<Sightings>) {
+    let has = |hay: &[u8]| hay.windows(secret.len()).any(|w| w == secret);
+    while !stop.load(Ordering::Relaxed) {
+        let mut round = Sightings::default();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let pid = entry.file_name().to_string_lossy().into_owned();
+            if !pid.bytes().all(|b| b.is_ascii_digit()) || !in_cluster(&pid, namespaces) {
+                continue;
+            }
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if has(&cmdline) || has(&environ) {
+                round.leaks.push(format!("pid {pid}: {text}"));
+            }
+            let uid = entry.metadata().map(|m| m.uid()).unwrap_or(u32::MAX);
+            if text.contains(" pull ") && text.contains("--credentials-stdin") {
+                round.pullers.push((uid, text));
+            } else if text.contains(" __credentials ") {
+                round.helpers.push((uid, text));
+            }
+        }
+        let mut seen = seen.lock().unwrap();
+        seen.leaks.extend(round.leaks);
+        seen.pullers.extend(round.pullers);
+        seen.helpers.extend(round.helpers);
+        seen.rounds += 1;
+    }
+}
+
+/// While a private image is pulled through srun, no process of the cluster
+/// has the password in its command line or environment; the puller runs as
+/// the pull user (with the plugstack's bomb limit); the password is in no
+/// log, in no srun output and not in the container's environment.
+#[test]
+fn credentials_never_show_and_the_puller_is_the_pull_user() {
+    let Some(cluster) = Cluster::get() else {
+        return;
+    };
+    let repository = format!("private/{}", unique("sampled"));
+    // debian: big enough that the pull lasts a while.
+    let (image, _) = push_private(&cluster, "debian:bookworm", &repository);
+    let base = shared_base();
+    let password = cluster.var("BERTH_TEST_TOKEN_PASSWORD");
+    let own = CredentialDir::new(
+        base.path(),
+        common::TEST_USER,
+        ".credentials",
+        &enroot_entry(&cluster, &password),
+    );
+    let name = cluster.var("BERTH_TEST_NAME");
+    let namespaces: HashSet<u64> = cluster
+        .var("BERTH_TEST_NODE_NAMES")
+        .split(',')
+        .map(|node| {
+            std::fs::metadata(format!("/var/run/netns/{name}-{node}"))
+                .unwrap()
+                .ino()
+        })
+        .collect();
+    let stop = AtomicBool::new(false);
+    let seen = Mutex::new(Sightings::default());
+    let run = std::thread::scope(|s| {
+        s.spawn(|| sample(&namespaces, password.as_bytes(), &stop, &seen));
+        let run = srun_as(
+            &cluster,
+            common::TEST_USER,
+            &[("ENROOT_CONFIG_PATH", own.path())],
+            &[&format!("--container-image={image}"), "env"],
+        );
+        stop.store(true, Ordering::Relaxed);
+        run
+    });
+    let run = run.ok();
+    let seen = seen.into_inner().unwrap();
+    assert!(
+        seen.leaks.is_empty(),
+        "the password showed in: {:#?}",
+        seen.leaks
+    );
+    assert!(
+        !seen.pullers.is_empty(),
+        "no puller seen in {} rounds of sampling",
+        seen.rounds
+    );
+    for (uid, cmdline) in &seen.pullers {
+        assert_eq!(*uid, pull_uid(), "the puller ran as uid {uid}: {cmdline}");
+        assert!(
+            cmdline.contains("--max-image-size 274877906944"),
+            "{cmdline}"
+        );
+    }
+    for (uid, cmdline) in &seen.helpers {
+        assert_eq!(
+            *uid,
+            uid_of(common::TEST_USER),
+            "the credentials helper ran as {uid}: {cmdline}"
+        );
+    }
+    assert!(
+        run.stdout.contains("BERTH_PRIVATE="),
+        "not the private image's env: {}",
+        run.stdout
+    );
+    for (what, text) in [
+        ("srun stdout (the container's env)", &run.stdout),
+        ("srun stderr", &run.stderr),
+    ] {
+        assert!(!text.contains(&password), "the password is in {what}");
+    }
+    let logs = cluster.var("BERTH_TEST_LOG_DIR");
+    for entry in std::fs::read_dir(&logs).unwrap().flatten() {
+        let text = std::fs::read(entry.path()).unwrap_or_default();
+        assert!(
+            !text
+                .windows(password.len())
+                .any(|w| w == password.as_bytes()),
+            "the password is in {}",
+            entry.path().display()
+        );
+    }
+}
+
+/// The store on the node: its root (and named containers) root's, the
+/// content areas the pull user's, nothing writable by an ordinary user; a
+/// pull by root's CLI into it also runs as the pull user.
+#[test]
+fn store_content_belongs_to_the_pull_user() {
+    let Some(cluster) = Cluster::get() else {
+        return;
+    };
+    // A new image, pulled through srun.
+    let registry = cluster.registry();
+    let repository = format!("berth-owned/{}", unique("img"));
+    let (image, digest) = push_unique(&cluster, "busybox:latest", &registry, &repository, None);
+    let option = format!("--container-image={image}");
+    srun_as(&cluster, common::TEST_USER, &[], &[&option, "true"]).ok();
+    let store =
+        Path::new(&cluster.var("BERTH_TEST_STATE_DIR")).join(format!("nodes/{NODE}/berth-store"));
+    let meta = std::fs::metadata(&store).unwrap();
+    assert_eq!(
+        (meta.uid(), meta.mode() & 0o777),
+        (0, 0o755),
+        "{}",
+        store.display()
+    );
+    for area in ["blobs", "blobs/sha256", "images", "tmp", "locks"] {
+        let m = std::fs::metadata(store.join(area)).unwrap();
+        assert_eq!(m.uid(), pull_uid(), "{area} is not the pull user's");
+        assert_eq!(m.mode() & 0o022, 0, "{area} is writable by others");
+    }
+    let image = store
+        .join("images")
+        .join(digest.trim_start_matches("sha256:"));
+    let sqfs = image.join("image.sqfs");
+    for path in [&image, &sqfs, &image.join("meta.json")] {
+        assert_eq!(
+            std::fs::metadata(path).unwrap().uid(),
+            pull_uid(),
+            "{}",
+            path.display()
+        );
+    }
+    for target in [
+        store.join("written"),
+        store.join("images/written"),
+        store.join("blobs/sha256/written"),
+        store.join("locks/written"),
+        store.join("tmp/written"),
+        image.join("written"),
+    ] {
+        let out = output_of(
+            Command::new("runuser")
+                .args(["-u", common::TEST_USER, "--", "touch"])
+                .arg(&target),
+        );
+        assert!(
+            !out.status.success() && !target.exists(),
+            "the user wrote {}",
+            target.display()
+        );
+    }
+    let out = output_of(
+        Command::new("runuser")
+            .args(["-u", common::TEST_USER, "--", "sh", "-c"])
+            .arg(format!("echo x >> {}", sqfs.display())),
+    );
+    assert!(
+        !out.status.success(),
+        "the user wrote into {}",
+        sqfs.display()
+    );
+
+    // Root's CLI pull into this store runs as the pull user: what it adds is the pull user's.
+    let repository = format!("berth-root-cli/{}", unique("img"));
+    let (image, _) = push_unique(&cluster, "busybox:latest", &registry, &repository, None);
+    let berth = common::world_readable_copy(Path::new(env!("CARGO_BIN_EXE_berth")));
+    let pulled = tool(
+        berth.to_str().unwrap(),
+        &[
+            "pull",
+            "--store",
+            store.to_str().unwrap(),
+            "--insecure-registry",
+            &registry,
+            "--progress",
+            "none",
+            &image,
+        ],
+    );
+    let squashfs = pulled.split_whitespace().nth(1).expect("DIGEST PATH");
+    assert_eq!(
+        std::fs::metadata(squashfs).unwrap().uid(),
+        pull_uid(),
+        "{squashfs}"
+    );
+}
+
+/// Another user can neither signal, trace, nor look into a user's
+/// containerized task, and the task lives on.
+#[test]
+fn other_users_cannot_touch_container_tasks() {
+    let Some(cluster) = Cluster::get() else {
+        return;
+    };
+    let intruder = other_users(&cluster)[0].clone();
+    let job = unique("berth-untouchable");
+    let option = format!("--container-image={}", cluster.image("busybox:latest"));
+    let mut srun = Command::new("runuser");
+    srun.args([
+        "-u",
+        common::TEST_USER,
+        "--",
+        "timeout",
+        "300",
+        "srun",
+        "-N1",
+        "-w",
+        NODE,
+    ])
+    .arg(format!("--job-name={job}"))
+    .args([&option, "sleep", "313"])
+    .current_dir(cluster.var("BERTH_TEST_WORKDIR"))
+    .env("SLURM_CONF", cluster.var("SLURM_CONF"))
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null());
+    let mut child = srun.spawn().unwrap();
+    // Cancelled however the test ends.
+    struct Cancel(String, String);
+    impl Drop for Cancel {
+        fn drop(&mut self) {
+            let _ = Command::new("scancel")
+                .args(["--name", &self.0])
+                .env("SLURM_CONF", &self.1)
+                .status();
+        }
+    }
+    let cancel = Cancel(job.clone(), cluster.var("SLURM_CONF"));
+    let user = uid_of(common::TEST_USER);
+    let find = || {
+        std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+            let pid = e.file_name().to_string_lossy().into_owned();
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let uid = e.metadata().ok()?.uid();
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let sleeping = args.len() >= 2 && args[0].ends_with(b"sleep") && args[1] == b"313";
+            (sleeping && uid == user).then_some(pid)
+        })
+    };
+    let mut pid = None;
+    assert!(
+        wait_for(Duration::from_secs(60), || {
+            pid = find();
+            pid.is_some()
+        }),
+        "the containerized sleep never started"
+    );
+    let pid = pid.unwrap();
+    let as_intruder = |script: &str| {
+        let out =
+            output_of(Command::new("runuser").args(["-u", &intruder, "--", "sh", "-c", script]));
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let kill = as_intruder(&format!("kill -9 {pid} && echo KILLED"));
+    let stop = as_intruder(&format!("kill -STOP {pid} && echo STOPPED"));
+    let environ = as_intruder(&format!("cat /proc/{pid}/environ && echo READ"));
+    let root = as_intruder(&format!("ls /proc/{pid}/root/ && echo LISTED"));
+    let ptrace = as_intruder(&format!(
+        "python3 -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); \
+         r = l.ptrace(16, {pid}, 0, 0); print(\"ptrace\", r, ctypes.get_errno())'"
+    ));
+    let alive = Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
+            .contains("(stopped)");
+    drop(cancel);
+    let _ = child.wait();
+    assert!(
+        kill.contains("Operation not permitted") && !kill.contains("KILLED"),
+        "kill: {kill}"
+    );
+    assert!(!stop.contains("STOPPED"), "kill -STOP: {stop}");
+    assert!(
+        environ.contains("Permission denied") && !environ.contains("READ"),
+        "environ: {environ}"
+    );
+    assert!(
+        root.contains("Permission denied") && !root.contains("LISTED"),
+        "root: {root}"
+    );
+    assert!(
+        ptrace.contains("ptrace -1 1"),
+        "ptrace attach (EPERM expected): {ptrace}"
+    );
+    assert!(alive, "the task did not survive the other user's attempts");
+}
+
+/// `--max-image-size` and `max_image_size` in the config file stop an image
+/// that expands beyond them, with an error naming the setting.
+#[test]
+fn bomb_limit_is_configurable() {
+    let Some(cluster) = Cluster::get() else {
+        return;
+    };
+    let base = shared_base();
+    let berth = common::world_readable_copy(Path::new(env!("CARGO_BIN_EXE_berth")));
+    let registry = cluster.registry();
+    let image = format!("{registry}/debian:bookworm");
+    let pull = |store: &str, extra: &[&str], env: &[(&str, &str)]| {
+        let mut c = Command::new(&berth);
+        c.args([
+            "pull",
+            "--progress",
+            "none",
+            "--insecure-registry",
+            &registry,
+            "--store",
+        ])
+        .arg(base.path().join(store))
+        .args(extra)
+        .arg(&image)
+        .envs(env.iter().copied());
+        let out = output_of(&mut c);
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    };
+    let flag = pull("a", &["--max-image-size", "1M"], &[]).failed();
+    assert!(
+        flag.stderr.contains("decompression bomb") && flag.stderr.contains("max-image-size"),
+        "{}",
+        flag.stderr
+    );
+    let conf = base.path().join("berth.conf");
+    std::fs::write(&conf, "max_image_size=2M\n").unwrap();
+    let file = pull("b", &[], &[("BERTH_CONFIG", conf.to_str().unwrap())]).failed();
+    assert!(file.stderr.contains("2.0 MiB"), "{}", file.stderr);
+    assert!(
+        std::fs::read_dir(base.path().join("b/images"))
+            .unwrap()
+            .next()
+            .is_none(),
+        "a refused image was published"
+    );
+    // The same image fits the default limit.
+    pull("c", &[], &[]).ok();
+}
