@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 
+use crate::container::spec::UserIdentity;
+
 const LOOP_SET_FD: libc::c_ulong = 0x4C00;
 const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
 const LOOP_SET_STATUS64: libc::c_ulong = 0x4C04;
@@ -68,9 +70,32 @@ pub struct LoopDevice {
 
 impl LoopDevice {
     /// Binds a free loop device read-only to `image`, with autoclear.
-    pub fn attach_read_only(image: &Path) -> anyhow::Result<LoopDevice> {
+    ///
+    /// The file is opened by root, so what was opened is checked on the open
+    /// file itself (never the path again, which could have been swapped): a
+    /// regular file that `reader` may read by its mode bits. A symlink or a
+    /// renamed path cannot point root at a device or at another user's file.
+    pub fn attach_read_only(image: &Path, reader: &UserIdentity) -> anyhow::Result<LoopDevice> {
         let backing = File::open(image)
             .with_context(|| format!("cannot open image file {}", image.display()))?;
+        let meta = backing
+            .metadata()
+            .with_context(|| format!("cannot stat image file {}", image.display()))?;
+        if !meta.file_type().is_file() {
+            bail!(
+                "image {} is not a regular file; berth mounts only squashfs files",
+                image.display()
+            );
+        }
+        if !may_read(&meta, reader) {
+            bail!(
+                "image {} is not readable by {} (uid {}): berth mounts only images the \
+                 job's user may read",
+                image.display(),
+                reader.name,
+                reader.uid
+            );
+        }
         let control = OpenOptions::new()
             .read(true)
             .write(true)
@@ -200,9 +225,72 @@ fn configure_legacy(device: &File, backing: &File, info: &LoopInfo64) -> io::Res
     Ok(())
 }
 
+/// Whether `user` may read a file with this owner, group and mode.
+fn may_read(meta: &std::fs::Metadata, user: &UserIdentity) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let mode = meta.mode();
+    if meta.uid() == user.uid {
+        return mode & 0o400 != 0;
+    }
+    if user.all_gids().contains(&meta.gid()) {
+        return mode & 0o040 != 0;
+    }
+    mode & 0o004 != 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn root() -> UserIdentity {
+        UserIdentity::lookup(0, 0).unwrap()
+    }
+
+    fn user(uid: u32, gid: u32) -> UserIdentity {
+        UserIdentity {
+            uid,
+            gid,
+            groups: vec![],
+            name: "u".into(),
+            home: String::new(),
+            shell: String::new(),
+            group_names: Default::default(),
+        }
+    }
+
+    #[test]
+    fn who_may_read_follows_the_mode_bits() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("img");
+        std::fs::write(&f, b"x").unwrap();
+        let owner = std::fs::metadata(&f).unwrap();
+        let (uid, gid) = {
+            use std::os::unix::fs::MetadataExt;
+            (owner.uid(), owner.gid())
+        };
+        let check = |mode: u32, who: &UserIdentity| {
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+            may_read(&std::fs::metadata(&f).unwrap(), who)
+        };
+        assert!(check(0o600, &user(uid, gid)));
+        assert!(!check(0o600, &user(uid + 1000, gid + 1000)));
+        assert!(check(0o640, &user(uid + 1000, gid)));
+        assert!(!check(0o604, &user(uid + 1000, gid)));
+        assert!(check(0o644, &user(uid + 1000, gid + 1000)));
+    }
+
+    #[test]
+    fn a_device_or_an_unreadable_file_is_refused() {
+        let e = LoopDevice::attach_read_only(Path::new("/dev/null"), &root()).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("private.sqfs");
+        std::fs::write(&f, b"hsqs").unwrap();
+        std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        let e = LoopDevice::attach_read_only(&f, &user(54321, 54321)).unwrap_err();
+        assert!(e.to_string().contains("not readable by"), "{e}");
+    }
 
     /// Reads `/sys/block/loopN/<attribute>`, trimmed; None when absent.
     fn sysfs(device: &Path, attribute: &str) -> Option<String> {
@@ -246,7 +334,7 @@ mod tests {
             return;
         }
         let image = backing_file();
-        let device = LoopDevice::attach_read_only(image.path()).unwrap();
+        let device = LoopDevice::attach_read_only(image.path(), &root()).unwrap();
         assert_bound_then_cleared(device, image.path());
     }
 
@@ -281,7 +369,8 @@ mod tests {
 
     #[test]
     fn missing_image_is_named() {
-        let err = LoopDevice::attach_read_only(Path::new("/nonexistent/image.sqfs")).unwrap_err();
+        let err = LoopDevice::attach_read_only(Path::new("/nonexistent/image.sqfs"), &root())
+            .unwrap_err();
         assert!(
             format!("{err:#}").contains("/nonexistent/image.sqfs"),
             "{err:#}"

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::container::holder::enter_private_staging;
 use crate::container::loopdev::LoopDevice;
 use crate::container::mounts;
+use crate::container::spec::UserIdentity;
 use crate::image::squashfs::SquashfsOptions;
 
 /// The first argument that makes the `berth` binary run [`save_main`].
@@ -125,7 +126,16 @@ pub fn save(request: &SaveRequest) -> Result<()> {
         std::fs::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     {
-        let device = LoopDevice::attach_read_only(&request.squashfs)?;
+        let reader = UserIdentity {
+            uid: request.uid,
+            gid: request.gid,
+            groups: request.groups.clone(),
+            name: format!("uid {}", request.uid),
+            home: String::new(),
+            shell: String::new(),
+            group_names: Default::default(),
+        };
+        let device = LoopDevice::attach_read_only(&request.squashfs, &reader)?;
         mounts::mount_squashfs(device.path(), &request.squashfs, &lower)?;
     }
     mounts::mount_overlay_read_only(&[&request.upper, &lower], &root)?;
