@@ -175,9 +175,7 @@ fn one_pull_for(cluster: &Cluster, who: Submitter) {
     }
     for node in &NODES[1..] {
         assert!(
-            run.stderr.contains(&format!(
-                "{node}: {image}: received from the step's first node"
-            )),
+            received(&run.stderr, node, &image),
             "{node} did not receive the image:\n{}",
             run.stderr
         );
@@ -268,7 +266,7 @@ fn tampered_fanout_files_fall_back_to_the_registry() {
     assert!(
         text.contains("node3: fan-out: ")
             && text.contains("bytes, node1 announced")
-            && text.contains(&format!("pulling {image} from the registry")),
+            && text.contains(&format!("pulling {image}@sha256:")),
         "node3 did not refuse the swapped squashfs:\n{text}"
     );
     assert!(
@@ -276,9 +274,7 @@ fn tampered_fanout_files_fall_back_to_the_registry() {
         "node4 did not refuse the forged statement:\n{text}"
     );
     assert!(
-        text.contains(&format!(
-            "node2: {image}: received from the step's first node"
-        )),
+        received(&text, "node2", &image),
         "node2 did not receive the image:\n{text}"
     );
     // node1 pulled, node3 and node4 pulled again: three of every blob
@@ -286,6 +282,15 @@ fn tampered_fanout_files_fall_back_to_the_registry() {
     let gets = blob_gets(&cluster, &repository);
     assert_eq!(gets.values().max(), Some(&3), "{gets:?}\n{text}");
     assert_job_files_removed(&cluster, &job);
+}
+
+/// Whether srun's output says that `node` received `image` (pinned to its
+/// digest at submission) from the step's first node.
+fn received(output: &str, node: &str, image: &str) -> bool {
+    let prefix = format!("berth: {node}: {image}@sha256:");
+    output
+        .lines()
+        .any(|l| l.starts_with(&prefix) && l.contains(": received from the step's first node"))
 }
 
 /// The first node has the image, the others do not: it sends no intent,

@@ -372,10 +372,16 @@ impl Faults {
         let mut found = Vec::new();
         let state = self.var("BERTH_TEST_STATE_DIR");
         for (pid, cmdline) in self.node_processes() {
-            if cmdline.contains("berth")
-                || cmdline.contains("tar2sqfs")
-                || cmdline.contains("squashfuse")
-                || cmdline.contains(&format!("sleep {MARKER_SLEEP}"))
+            // By program name: the cluster's own paths may contain "berth".
+            let program = cmdline
+                .split(' ')
+                .next()
+                .and_then(|p| p.rsplit('/').next())
+                .unwrap_or("");
+            if matches!(
+                program,
+                "berth" | "tar2sqfs" | "squashfuse" | "fuse-overlayfs"
+            ) || cmdline.contains(&format!("sleep {MARKER_SLEEP}"))
             {
                 found.push(format!("process {pid}: {cmdline}"));
             }

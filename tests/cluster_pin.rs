@@ -50,8 +50,12 @@ fn fresh_tag(cluster: &Cluster, label: &str, source: &str) -> (String, String) {
 /// What each image prints for `cat /etc/debian_version || echo busybox`.
 const WHICH: &str = "cat /etc/debian_version 2>/dev/null || echo busybox-image";
 
+/// Nodes of the default partition (where a plain srun lands).
 fn nodes(cluster: &Cluster) -> usize {
-    cluster.var("BERTH_TEST_NODE_NAMES").split(',').count()
+    cluster
+        .var("BERTH_TEST_DEFAULT_NODES")
+        .parse()
+        .unwrap_or_else(|_| cluster.var("BERTH_TEST_NODE_NAMES").split(',').count())
 }
 
 /// Asserts every setup line of the nodes (`srun -v`) names `digest` and

@@ -118,8 +118,12 @@ fn blob_gets(cluster: &Cluster, repository: &str) -> HashMap<String, usize> {
     gets
 }
 
+/// Nodes of the default partition (where a plain srun lands).
 fn node_count(cluster: &Cluster) -> usize {
-    cluster.var("BERTH_TEST_NODE_NAMES").split(',').count()
+    cluster
+        .var("BERTH_TEST_DEFAULT_NODES")
+        .parse()
+        .unwrap_or_else(|_| cluster.var("BERTH_TEST_NODE_NAMES").split(',').count())
 }
 
 /// Runs the image on every node at once as the ordinary user; each prints

@@ -164,6 +164,11 @@ impl Board {
         }
     }
 
+    /// Whether a download failed.
+    pub(super) fn failed(&self) -> bool {
+        self.lock().error.is_some()
+    }
+
     /// The first download error.
     pub(super) fn take_error(&self) -> Option<anyhow::Error> {
         self.lock().error.take()
@@ -242,6 +247,12 @@ impl Read for GrowingReader {
                     }
                     break len - self.pos;
                 }
+                // A new attempt before this reader read anything: follow it.
+                Slot::Growing { file, attempt, .. } if self.pos == 0 => {
+                    self.file = Arc::clone(file);
+                    self.attempt = *attempt;
+                    continue;
+                }
                 Slot::Waiting | Slot::Growing { .. } | Slot::Stored { .. } | Slot::Failed => {
                     g.restarted = true;
                     return Err(io::Error::other(RESTARTED));
@@ -308,6 +319,23 @@ mod tests {
         let err = reader.read(&mut buf).unwrap_err();
         assert!(err.to_string().contains(RESTARTED));
         assert!(board.restarted());
+    }
+
+    #[test]
+    fn a_reader_that_read_nothing_follows_a_restart() {
+        let board = Arc::new(Board::new(1));
+        let (_t1, first) = temp_file();
+        board.begin(0, first);
+        let mut reader = board.open(0).unwrap();
+        let (t2, second) = temp_file();
+        board.begin(0, Arc::clone(&second));
+        t2.reopen().unwrap().write_all(b"new").unwrap();
+        board.grew(0, 3);
+        board.complete(0);
+        let mut s = String::new();
+        reader.read_to_string(&mut s).unwrap();
+        assert_eq!(s, "new");
+        assert!(!board.restarted());
     }
 
     #[test]

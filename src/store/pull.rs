@@ -427,7 +427,8 @@ fn download_and_convert(
             // again from the stored blobs once they are all there.
             board.stop_streaming();
             board.wait_all();
-            if board.take_error().is_none() {
+            // A failed download keeps its error for the report below.
+            if !board.failed() {
                 eprintln!("berth: {image}: converting again after a layer download restarted");
                 converted = convert();
             }
