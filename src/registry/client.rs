@@ -827,7 +827,30 @@ fn unreachable(url: &str, t: &ureq::Transport) -> RegistryError {
         detail.push_str(": ");
         detail.push_str(&source.to_string());
     }
+    if let Some(hint) = tls_hint(&detail) {
+        detail.push_str(" (");
+        detail.push_str(hint);
+        detail.push(')');
+    }
     RegistryError::Unreachable { host, detail }
+}
+
+/// What to do about a TLS failure, recognised in the network layer's words.
+fn tls_hint(detail: &str) -> Option<&'static str> {
+    let d = detail.to_ascii_lowercase();
+    if d.contains("certificate") {
+        Some(
+            "the registry's TLS certificate was refused: install its CA in the system's \
+             trust store (update-ca-certificates)",
+        )
+    } else if d.contains("tls") || d.contains("corrupt message") {
+        Some(
+            "the TLS handshake failed: if the registry serves plain HTTP, list it in \
+             insecure_registries",
+        )
+    } else {
+        None
+    }
 }
 
 /// The distribution API's error message from a response body, if any.

@@ -119,3 +119,24 @@ fn a_token_that_keeps_being_refused_ends_in_a_clear_denial() {
         "{e}"
     );
 }
+
+#[test]
+fn a_registry_without_tls_gets_a_clear_tls_error() {
+    let reg = FakeRegistry::start(FakeAuth::None);
+    reg.push_image("ns/app", "v1", vec![b"layer".to_vec()], &[]);
+    // Not listed as insecure: the client speaks TLS to a plain-HTTP server.
+    let c = RegistryClient::new(&RegistryOptions {
+        credentials: Arc::new(NoCredentials),
+        retry: RetryPolicy {
+            attempts: 1,
+            ..RetryPolicy::default()
+        },
+        proxy: ProxySettings::default(),
+        ..RegistryOptions::default()
+    });
+    let e = error_of(c.resolve(&image(&reg, "ns/app:v1"), &Platform::current()));
+    assert!(
+        e.contains(&reg.addr) && e.contains("insecure_registries"),
+        "{e}"
+    );
+}
