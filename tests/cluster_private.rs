@@ -219,10 +219,35 @@ fn base64(bytes: &[u8]) -> String {
 fn assert_refused_as_private(run: Run, who: &str) {
     let run = run.failed();
     assert!(
-        run.stderr.contains("refused your credentials")
-            && run.stderr.contains("cached on this node but private")
-            && run.stderr.contains("add credentials"),
+        refused_on_the_node(&run.stderr),
         "{who}: not the private-image refusal:\n{}",
+        run.stderr
+    );
+    assert!(
+        !run.stdout.contains("uid="),
+        "{who} ran the image: {}",
+        run.stdout
+    );
+}
+
+fn refused_on_the_node(stderr: &str) -> bool {
+    stderr.contains("refused your credentials")
+        && stderr.contains("cached on this node but private")
+        && stderr.contains("add credentials")
+}
+
+/// A reference by tag is resolved at submission with the user's own
+/// credentials (issue 6's pinning), so the refusal may come from srun before
+/// any node is asked; either way it is clear and nothing runs.
+fn assert_refused_by_tag(run: Run, who: &str) {
+    let run = run.failed();
+    let at_submission = run.stderr.contains("access denied to image")
+        && run
+            .stderr
+            .contains("checked when the job was submitted, with your own registry credentials");
+    assert!(
+        at_submission || refused_on_the_node(&run.stderr),
+        "{who}: not a clear refusal:\n{}",
         run.stderr
     );
     assert!(
@@ -294,7 +319,7 @@ fn private_images_follow_each_users_credentials() {
     .ok();
     assert_eq!(with_docker.stdout.trim(), uid_of(four).to_string());
 
-    assert_refused_as_private(
+    assert_refused_by_tag(
         srun_as(&cluster, two, &[], &[&option, "id", "-u"]),
         "no credentials, by tag",
     );
@@ -302,14 +327,23 @@ fn private_images_follow_each_users_credentials() {
         srun_as(&cluster, two, &[], &[&pinned, "id", "-u"]),
         "no credentials, by digest",
     );
-    assert_refused_as_private(
+    assert_refused_by_tag(
         srun_as(
             &cluster,
             three,
             &[("ENROOT_CONFIG_PATH", wrong.path())],
             &[&option, "id", "-u"],
         ),
-        "wrong credentials",
+        "wrong credentials, by tag",
+    );
+    assert_refused_as_private(
+        srun_as(
+            &cluster,
+            three,
+            &[("ENROOT_CONFIG_PATH", wrong.path())],
+            &[&pinned, "id", "-u"],
+        ),
+        "wrong credentials, by digest",
     );
     let borrowed = srun_as(
         &cluster,

@@ -388,11 +388,11 @@ fn download_and_convert(
             Layer::from_opener(digest.to_string(), move || board.open(i))
         })
         .collect();
-    let convert = || {
-        image::convert_with(&layer_list, sqfs, &SquashfsOptions::default(), |i| {
-            progress.converting(i)
-        })
+    let squashfs = SquashfsOptions {
+        max_bytes: options.max_image_bytes,
+        ..SquashfsOptions::default()
     };
+    let convert = || image::convert_with(&layer_list, sqfs, &squashfs, |i| progress.converting(i));
     let converted = std::thread::scope(|s| {
         for _ in 0..PARALLEL_DOWNLOADS.min(layers.len()) {
             s.spawn(|| loop {
