@@ -7,26 +7,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{output_of, Cluster, Submitter};
-
-/// Copies `from` to `to` in the plain-HTTP test registry.
-fn skopeo_copy(from: &str, to: &str) {
-    let mut c = Command::new("skopeo");
-    c.args([
-        "copy",
-        "-q",
-        "--src-tls-verify=false",
-        "--dest-tls-verify=false",
-    ]);
-    c.arg(format!("docker://{from}"))
-        .arg(format!("docker://{to}"));
-    let out = output_of(&mut c);
-    assert!(
-        out.status.success(),
-        "skopeo copy {from} {to}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+use common::{output_of, skopeo_copy, Cluster, Submitter};
 
 /// The digest a tag names now (`skopeo inspect`).
 fn tag_digest(image: &str) -> String {

@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
-use common::{output_of, Cluster, Run, Submitter, TEST_USER};
+use common::{output_of, skopeo_copy, Cluster, Run, Submitter, TEST_USER};
 
 /// The berth binary, where the ordinary test user can run it too.
 fn berth() -> String {
@@ -64,25 +64,6 @@ fn digest_of(run: &Run) -> String {
         .filter(|d| d.starts_with("sha256:"))
         .unwrap_or_else(|| panic!("no digest in: {}", run.stdout))
         .to_string()
-}
-
-/// Copies `from` to `to` (`host:port/repo:tag`, plain-HTTP registries).
-fn skopeo_copy(from: &str, to: &str) {
-    let mut c = Command::new("skopeo");
-    c.args([
-        "copy",
-        "-q",
-        "--src-tls-verify=false",
-        "--dest-tls-verify=false",
-    ]);
-    c.arg(format!("docker://{from}"))
-        .arg(format!("docker://{to}"));
-    let out = output_of(&mut c);
-    assert!(
-        out.status.success(),
-        "skopeo copy {from} {to}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Registry log lines naming `repository`.

@@ -312,3 +312,22 @@ pub fn output_of(command: &mut Command) -> Output {
     }
     panic!("{command:?}: text file busy for a second");
 }
+
+/// Copies `from` to `to` (`host:port/repo:tag`) between plain-HTTP registries.
+pub fn skopeo_copy(from: &str, to: &str) {
+    let mut c = Command::new("skopeo");
+    c.args([
+        "copy",
+        "-q",
+        "--src-tls-verify=false",
+        "--dest-tls-verify=false",
+    ]);
+    c.arg(format!("docker://{from}"))
+        .arg(format!("docker://{to}"));
+    let out = output_of(&mut c);
+    assert!(
+        out.status.success(),
+        "skopeo copy {from} {to}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
