@@ -92,30 +92,14 @@ cold() { drop_caches; warm_registry; }
 requests() { wc -l <"$REGLOG"; }
 blob_gets() { grep -c "\"GET /v2/$1/blobs/sha256:" "$REGLOG" || true; }
 
-# Sum of the RSS (KiB) of a process and its descendants.
-tree_rss() {
-    local pids=$1 all=$1 kids
-    while [[ -n $pids ]]; do
-        kids=$(for p in $pids; do cat "/proc/$p/task/$p/children" 2>/dev/null || true; done | xargs)
-        all="$all $kids"
-        pids=$kids
-    done
-    # Processes may end while they are read: never fail.
-    for p in $all; do awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || true; done |
-        awk '{s += $1} END {print s + 0}'
-}
-
-# berth_pull STORE REF: prints "seconds peak_rss_kib".
+# berth_pull STORE REF: prints "seconds peak_rss_kib" (RSS of berth and its
+# children summed, sampled every 50 ms by bench/peak-rss.py).
 berth_pull() {
-    local store=$1 ref=$2 t0 t1 pid peak=0 rss
+    local store=$1 ref=$2 t0 t1 pid peak
     t0=$(now)
     "$BERTH" pull --store "$store" --insecure-registry "$REG" "$ref" >"$WORK/pull.out" 2>"$WORK/pull.err" &
     pid=$!
-    while kill -0 "$pid" 2>/dev/null; do
-        rss=$(tree_rss "$pid" || echo 0)
-        ((rss > peak)) && peak=$rss
-        sleep 0.05
-    done
+    peak=$(python3 bench/peak-rss.py "$pid")
     wait "$pid" || { cat "$WORK/pull.err" >&2; exit 1; }
     t1=$(now)
     echo "$(secs $((t1 - t0))) $peak"

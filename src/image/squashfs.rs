@@ -173,6 +173,22 @@ fn temp_path(dest: &Path) -> PathBuf {
     dest.with_file_name(format!(".{name}.partial-{}", std::process::id()))
 }
 
+/// Bytes the pipe into tar2sqfs holds (the kernel's default is 64 KiB): a
+/// larger pipe lets berth and tar2sqfs run apart for longer, with fewer
+/// wake-ups of each other.
+const PIPE_BYTES: libc::c_int = 1 << 20;
+
+/// Grows the pipe into tar2sqfs to [`PIPE_BYTES`] (an unprivileged process
+/// may go up to `/proc/sys/fs/pipe-max-size`); an optimisation only.
+fn widen_pipe(pipe: &std::process::ChildStdin) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: F_SETPIPE_SZ takes an int and changes only the pipe's
+    // capacity; the fd is valid while `pipe` is borrowed.
+    unsafe {
+        libc::fcntl(pipe.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_BYTES);
+    }
+}
+
 /// Runs tar2sqfs writing `out`, feeding its stdin through `feed`. tar2sqfs's
 /// stderr goes into the error when it fails.
 fn run_tar2sqfs<T>(
@@ -210,6 +226,7 @@ fn run_tar2sqfs<T>(
     });
     let _writeback = super::writeback::Watcher::start(out);
     let stdin = child.stdin.take().expect("stdin is piped");
+    widen_pipe(&stdin);
     let mut writer = BufWriter::with_capacity(1 << 20, stdin);
     let fed = feed(&mut writer).and_then(|v| {
         use std::io::Write;
