@@ -77,7 +77,13 @@ pub struct Config {
     pub pull_user: String,
     /// Largest flattened image a pull may write, in bytes (`max_image_size`).
     pub max_image_size: u64,
+    /// `cancel_check=SECONDS`: how often a step still being set up (pulling)
+    /// asks slurmctld whether its job ended, to stop the pull (0: never).
+    pub cancel_check: Duration,
 }
+
+/// Default of `cancel_check`.
+pub const DEFAULT_CANCEL_CHECK: Duration = Duration::from_secs(5);
 
 /// How much the plugin logs (`log_level`). Each level includes the ones
 /// before it; the plugin writes its messages at Slurm's info level, so they
@@ -241,6 +247,7 @@ pub const KEYS: &[&str] = &[
     "registry_timeout",
     "pull_user",
     "max_image_size",
+    "cancel_check",
 ];
 
 /// Default of `pull_user`: the system user `make install` and the Debian
@@ -268,6 +275,7 @@ impl Default for Config {
             registry_timeout: None,
             pull_user: DEFAULT_PULL_USER.to_string(),
             max_image_size: crate::image::DEFAULT_MAX_IMAGE_BYTES,
+            cancel_check: DEFAULT_CANCEL_CHECK,
         }
     }
 }
@@ -535,6 +543,14 @@ impl Config {
                     _ => self.store_wait_timeout = duration,
                 }
             }
+            "cancel_check" => {
+                let seconds: u64 = value.parse().ok().filter(|s| *s <= 3600).ok_or_else(|| {
+                    err(format!(
+                        "{key}={value}: expected a number of seconds from 0 (off) to 3600"
+                    ))
+                })?;
+                self.cancel_check = Duration::from_secs(seconds);
+            }
             "registry_timeout" => {
                 let n: u32 = value
                     .parse()
@@ -741,6 +757,8 @@ mod tests {
             "registry_retries=x",
             "registry_timeout=0",
             "registry_timeout=5s",
+            "cancel_check=5s",
+            "cancel_check=3601",
         ] {
             let e = Config::from_plugstack_args(&args(&[bad])).unwrap_err();
             assert!(
@@ -750,6 +768,15 @@ mod tests {
         }
         let e = Config::from_plugstack_args(&args(&["mirrors=a=/m"])).unwrap_err();
         assert!(e.to_string().contains("REGISTRY=MIRROR"), "{e}");
+    }
+
+    #[test]
+    fn cancel_check_key() {
+        assert_eq!(Config::default().cancel_check, DEFAULT_CANCEL_CHECK);
+        let off = Config::from_plugstack_args(&args(&["cancel_check=0"])).unwrap();
+        assert_eq!(off.cancel_check, Duration::ZERO);
+        let slow = Config::from_plugstack_args(&args(&["cancel_check=30"])).unwrap();
+        assert_eq!(slow.cancel_check, Duration::from_secs(30));
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod doctor;
 pub mod fanout;
 pub mod image;
 pub mod inject;
+pub mod interrupt;
 pub mod named;
 pub mod privilege;
 pub mod puller;

@@ -1174,6 +1174,82 @@ fn scancel_at_each_stage_leaves_nothing_behind() {
     .ok();
 }
 
+/// scancel of a job whose pull is stalled (a registry silent for two
+/// minutes): Slurm signals nothing before the tasks exist, so the setup asks
+/// slurmctld every `cancel_check` seconds; the pull is stopped and the job
+/// gone within seconds, not when the registry times out.
+#[test]
+fn scancel_stops_a_stalled_pull_within_seconds() {
+    let Some(f) = Faults::get() else { return };
+    let _slow = PlugstackArgs::add(&f, "registry_timeout=120 registry_retries=0 cancel_check=1");
+    let node = "node1";
+    let image = f.fresh_image("cancel-watch");
+    f.fault(
+        &image,
+        serde_json::json!({"fault": "stall", "digest": image.layers[0], "after_bytes": 65536}),
+    );
+    let name = format!("faults-cancel-watch-{}", std::process::id());
+    let srun = f.spawn_srun(&[
+        "-w",
+        node,
+        "-J",
+        &name,
+        &format!("--container-image={}", image.via_proxy),
+        "true",
+    ]);
+    let job = job_id(&f, &name);
+    assert!(
+        wait_for(Duration::from_secs(30), || !f
+            .pids_of("berth pull")
+            .is_empty()
+            && f.proxy_log(&image).iter().any(|l| l["action"] == "stall")),
+        "the pull never reached the stalled blob"
+    );
+    let cancelled = Instant::now();
+    f.run_as("root", "scancel", &[&job]).ok();
+    assert!(
+        wait_for(Duration::from_secs(20), || f
+            .pids_of("berth pull")
+            .is_empty()),
+        "the stalled pull still runs {:?} after scancel",
+        cancelled.elapsed()
+    );
+    assert!(
+        wait_for(Duration::from_secs(20), || f
+            .run_as("root", "squeue", &["-h", "-j", &job])
+            .stdout
+            .trim()
+            .is_empty()),
+        "job {job} still listed {:?} after scancel",
+        cancelled.elapsed()
+    );
+    let stopped_in = cancelled.elapsed();
+    finish(srun);
+    let log_path = Path::new(&f.var("BERTH_TEST_LOG_DIR")).join(format!("slurmd-{node}.log"));
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    assert!(
+        log.contains(&format!("container setup stopped: job {job} ended")),
+        "{} does not say why the setup stopped",
+        log_path.display()
+    );
+    f.assert_clean("scancel during a stalled pull");
+    assert!(!f.images(node).contains(&image.repository));
+    f.clear_fault(&image);
+    f.srun(&[
+        "-w",
+        node,
+        &format!("--container-image={}", image.via_proxy),
+        "true",
+    ])
+    .ok();
+    assert!(
+        f.temp_entries(node).is_empty(),
+        "temp files not swept: {:?}",
+        f.temp_entries(node)
+    );
+    eprintln!("the stalled pull ended {stopped_in:?} after scancel");
+}
+
 /// Steps ended by a signal (scancel -s TERM, scancel -s KILL, srun's Ctrl-C
 /// twice) and by their time limit: nothing left, no node drained.
 #[test]

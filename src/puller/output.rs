@@ -5,6 +5,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, ExitStatus};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 /// How often a node tells the user how its pull is going.
@@ -22,7 +23,9 @@ pub struct PullOutput {
 }
 
 /// Waits for `child` (stdout and stderr piped) while forwarding its progress
-/// lines through `show`, prefixed with `label` (e.g. `node3: IMAGE`).
+/// lines through `show`, prefixed with `label` (e.g. `node3: IMAGE`). An
+/// interrupt ([`crate::interrupt`]) kills the child and ends the wait with an
+/// [`std::io::ErrorKind::Interrupted`] error.
 pub fn wait_forwarding(
     mut child: Child,
     label: &str,
@@ -34,17 +37,39 @@ pub fn wait_forwarding(
         stdout.read_to_end(&mut buf).map(|_| buf)
     });
     let stderr = child.stderr.take().expect("stderr is piped");
+    let (lines, received) = std::sync::mpsc::channel();
+    let stderr_reader = std::thread::spawn(move || -> std::io::Result<()> {
+        for line in BufReader::new(stderr).split(b'\n') {
+            if lines.send(line?).is_err() {
+                break;
+            }
+        }
+        Ok(())
+    });
     let mut forwarder = Forwarder::new(FORWARD_INTERVAL);
     let mut all = String::new();
-    for line in BufReader::new(stderr).split(b'\n') {
-        let line = String::from_utf8_lossy(&line?).into_owned();
+    loop {
+        if let Some(reason) = crate::interrupt::requested() {
+            // The readers end when the killed child's pipes close.
+            let _ = crate::interrupt::wait_child(&mut child);
+            return Err(crate::interrupt::interrupted_error(&reason));
+        }
+        let line = match received.recv_timeout(Duration::from_millis(100)) {
+            Ok(line) => line,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
+        let line = String::from_utf8_lossy(&line).into_owned();
         if let Some(text) = forwarder.offer(&line, Instant::now()) {
             show(&format!("{label}: {text}"));
         }
         all.push_str(&line);
         all.push('\n');
     }
-    let status = child.wait()?;
+    let status = crate::interrupt::wait_child(&mut child)?;
+    stderr_reader
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("the stderr reader panicked")))?;
     let stdout = stdout_reader
         .join()
         .unwrap_or_else(|_| Err(std::io::Error::other("the stdout reader panicked")))?;

@@ -223,6 +223,12 @@ fn wait_bounded(
                         format!("no answer in {} s", limit.as_secs()),
                     ));
                 }
+                Ok(None) if crate::interrupt::requested().is_some() => {
+                    let _ = crate::privilege::with_root(|| child.kill());
+                    let _ = child.wait();
+                    let reason = crate::interrupt::requested().unwrap_or_default();
+                    break Err(crate::interrupt::interrupted_error(&reason));
+                }
                 Ok(None) => std::thread::sleep(Duration::from_millis(1)),
                 Err(e) => break Err(e),
             }
@@ -297,7 +303,12 @@ fn run_puller(
         });
         super::output::wait_forwarding(child, &label, show)
     })
-    .map_err(|e| format!("the berth helper (pull) failed: {e}"))?;
+    .map_err(|e| {
+        if e.kind() == std::io::ErrorKind::Interrupted {
+            return format!("stopped the pull of '{}': {e}", request.image);
+        }
+        format!("the berth helper (pull) failed: {e}")
+    })?;
     let image = request.image.to_string();
     if request.cached_only && output.status.code() == Some(NOT_IN_STORE_EXIT.into()) {
         let answer: serde_json::Value = serde_json::from_slice(&output.stdout).map_err(|e| {

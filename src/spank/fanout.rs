@@ -216,7 +216,10 @@ fn run_helper_as_root(
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
     crate::privilege::run_as_full_root(&mut command);
-    let output = command.output().map_err(|e| {
+    let output = crate::interrupt::output(&mut command).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::Interrupted {
+            return format!("fan-out stopped: {e}");
+        }
         format!(
             "cannot run the berth helper {}: {e}",
             config.helper_path.display()

@@ -8,10 +8,12 @@
 //! - `timings`: slurmstepd side: per-node setup timings shown with `srun -v`;
 //! - `remote`: slurmstepd side (pull, create the container, join tasks to it);
 //! - `named_step`: slurmstepd side of `--container-name` (join, reuse or create);
-//! - `fanout`: slurmstepd side of `fanout=sbcast` (send, receive, or fall back to a pull).
+//! - `fanout`: slurmstepd side of `fanout=sbcast` (send, receive, or fall back to a pull);
+//! - `cancel_watch`: slurmstepd side: stops a setup whose job ended (scancel, time limit).
 //!
 //! This module must not contain container or registry logic of its own.
 
+mod cancel_watch;
 mod fanout;
 pub mod ffi;
 pub mod handle;

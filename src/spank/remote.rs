@@ -195,14 +195,24 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
     if ctx.verbose {
         super::timings::report_join_as(&ctx.node);
     }
-    let (step_container, what) = match &ctx.options.name {
+    // A scancel or time limit during the setup stops it (Slurm signals
+    // nothing before the tasks exist).
+    let nodes = spank.node_count().unwrap_or(1);
+    let watch = super::cancel_watch::CancelWatch::start(job, nodes, config.cancel_check);
+    let started_container = match &ctx.options.name {
         Some(value) => {
             let name = ContainerName::parse(value)
                 .map_err(|e| format!("--container-name={value}: {e}"))?;
-            super::named_step::start(&ctx, &name)?
+            super::named_step::start(&ctx, &name)
         }
-        None => start_unnamed(&ctx)?,
+        None => start_unnamed(&ctx),
     };
+    drop(watch);
+    let (step_container, what) =
+        started_container.map_err(|e| match crate::interrupt::requested() {
+            Some(reason) => format!("container setup stopped: {reason}"),
+            None => e,
+        })?;
     *CONTAINER.lock().unwrap_or_else(|p| p.into_inner()) = Some(step_container);
     handle::log_info(&format!(
         "job {job} step {step}: container {what} in {:.0} ms",

@@ -46,21 +46,51 @@ pub struct LeaseTimeouts {
     pub stale_after: Duration,
     /// How often a holder refreshes its lease.
     pub heartbeat: Duration,
-    /// How often a waiter looks at the lease (and for the finished image).
+    /// How soon a new waiter looks again at the lease (and for the finished
+    /// image); the pause doubles up to `max_poll` while the holder is the same.
     pub poll: Duration,
+    /// The longest pause between two looks: what a waiting node costs the
+    /// file server (about three metadata operations per look).
+    pub max_poll: Duration,
 }
 
 impl LeaseTimeouts {
     /// Timeouts for a lease that goes stale after `stale_after`: a heartbeat
-    /// six times per period (at least every 5 s, at most every 100 ms).
+    /// six times per period (at least every 5 s, at most every 100 ms); waiters
+    /// look after at most 500 ms at first, backing off to
+    /// [`MAX_POLL`] (500 waiting nodes: about 250 looks per second in all).
     pub fn with_stale_after(stale_after: Duration) -> LeaseTimeouts {
         let heartbeat = (stale_after / 6).clamp(Duration::from_millis(100), Duration::from_secs(5));
+        let poll = (heartbeat / 2).min(Duration::from_millis(500));
         LeaseTimeouts {
             stale_after,
             heartbeat,
-            poll: (heartbeat / 2).min(Duration::from_millis(500)),
+            poll,
+            max_poll: (stale_after / 4).clamp(poll, MAX_POLL),
         }
     }
+}
+
+/// The longest pause of a waiter between two looks at a lease.
+pub const MAX_POLL: Duration = Duration::from_secs(2);
+
+/// The pause after `pause` for a waiter that saw the same holder again:
+/// doubled, at most `max`, with up to a fifth taken off at random (`seed`)
+/// so that the waiters of one job do not look in step.
+fn back_off(pause: Duration, max: Duration, seed: u64) -> Duration {
+    let doubled = (pause * 2).min(max);
+    let fifth = doubled.as_micros() as u64 / 5;
+    let off = if fifth == 0 { 0 } else { seed % fifth };
+    doubled - Duration::from_micros(off)
+}
+
+/// A cheap varying number for [`back_off`]'s jitter (no cryptographic use).
+fn jitter_seed() -> u64 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos();
+    u64::from(nanos) ^ (u64::from(std::process::id()) << 20)
 }
 
 /// Who holds a lease: the lease file's content.
@@ -242,6 +272,9 @@ fn heartbeat(
     let (stopped, wake) = stop;
     let mut guard = stopped.lock().unwrap_or_else(|p| p.into_inner());
     loop {
+        if *guard {
+            return;
+        }
         let (g, _) = wake
             .wait_timeout(guard, every)
             .unwrap_or_else(|p| p.into_inner());
@@ -314,6 +347,7 @@ pub fn acquire_or_wait(
     let started = Instant::now();
     let mut last: Option<(Seen, Instant)> = None;
     let mut waiting = false;
+    let mut pause = timeouts.poll;
     loop {
         if done()? {
             return Ok(Outcome::Done);
@@ -347,7 +381,17 @@ pub fn acquire_or_wait(
                     continue;
                 }
             }
-            _ => last = Some((seen, Instant::now())),
+            _ => {
+                // A new holder may finish or die soon: look again soon, then
+                // back off (a heartbeat of the same holder changes nothing).
+                let same_holder = last.as_ref().is_some_and(|(before, _)| {
+                    before.inode == seen.inode && before.holder == seen.holder
+                });
+                if !same_holder {
+                    pause = timeouts.poll;
+                }
+                last = Some((seen, Instant::now()));
+            }
         }
         if started.elapsed() >= wait_limit {
             let who = last
@@ -362,7 +406,8 @@ pub fn acquire_or_wait(
                 path.display()
             );
         }
-        std::thread::sleep(timeouts.poll);
+        std::thread::sleep(pause);
+        pause = back_off(pause, timeouts.max_poll, jitter_seed());
     }
 }
 
@@ -375,7 +420,33 @@ mod tests {
             stale_after: Duration::from_millis(600),
             heartbeat: Duration::from_millis(100),
             poll: Duration::from_millis(20),
+            max_poll: Duration::from_millis(80),
         }
+    }
+
+    #[test]
+    fn waiters_back_off_to_the_limit_with_jitter() {
+        let default = LeaseTimeouts::with_stale_after(Duration::from_secs(60));
+        assert_eq!(default.poll, Duration::from_millis(500));
+        assert_eq!(default.max_poll, MAX_POLL);
+        let mut pause = default.poll;
+        let mut pauses = Vec::new();
+        for seed in 0..8u64 {
+            pause = back_off(pause, default.max_poll, seed * 7_919_000);
+            pauses.push(pause);
+        }
+        assert!(
+            pauses.iter().all(|p| *p <= MAX_POLL && *p >= MAX_POLL / 10),
+            "{pauses:?}"
+        );
+        assert!(
+            pauses[4..].iter().all(|p| *p >= MAX_POLL * 4 / 5),
+            "{pauses:?}"
+        );
+        // Short leases keep short pauses: staleness is still seen in time.
+        let short = LeaseTimeouts::with_stale_after(Duration::from_secs(2));
+        assert!(short.max_poll <= Duration::from_millis(500), "{short:?}");
+        assert_eq!(back_off(Duration::ZERO, Duration::ZERO, 3), Duration::ZERO);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! summary every [`LINE_INTERVAL`]), or nothing.
 
 use std::io::{IsTerminal, Write};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -54,6 +54,9 @@ pub struct LayerProgress {
     size: u64,
     done: AtomicU64,
     state: AtomicU8,
+    /// Downloaded and verified, or found in the store (a layer is converted
+    /// while it downloads: its state alone does not say).
+    complete: AtomicBool,
 }
 
 impl LayerProgress {
@@ -113,6 +116,7 @@ impl Progress {
                 size: *size,
                 done: AtomicU64::new(0),
                 state: AtomicU8::new(state::WAITING),
+                complete: AtomicBool::new(false),
             })
             .collect();
         p
@@ -153,7 +157,8 @@ impl Progress {
     /// Layer `i` was already in the store.
     pub fn stored(&self, i: usize) {
         let l = &self.layers[i];
-        l.state.store(state::STORED, Ordering::Relaxed);
+        l.state.fetch_max(state::STORED, Ordering::Relaxed);
+        l.complete.store(true, Ordering::Relaxed);
         l.done.store(l.size, Ordering::Relaxed);
         if self.mode == ProgressMode::Lines {
             self.say(format!(
@@ -167,7 +172,9 @@ impl Progress {
     /// Layer `i` is downloaded and verified.
     pub fn fetched(&self, i: usize) {
         let l = &self.layers[i];
-        l.state.store(state::FETCHED, Ordering::Relaxed);
+        // A layer converted while it downloaded stays "converting".
+        l.state.fetch_max(state::FETCHED, Ordering::Relaxed);
+        l.complete.store(true, Ordering::Relaxed);
         l.done.store(l.size, Ordering::Relaxed);
         if self.mode == ProgressMode::Lines {
             self.say(format!(
@@ -230,7 +237,7 @@ impl Progress {
         let complete = self
             .layers
             .iter()
-            .filter(|l| l.state.load(Ordering::Relaxed) >= state::STORED)
+            .filter(|l| l.complete.load(Ordering::Relaxed))
             .count();
         let percent = (done * 100).checked_div(total).unwrap_or(100);
         let converting = self
@@ -356,6 +363,20 @@ mod tests {
         let s = p.summary();
         assert!(
             s.starts_with("fetched 2.5 of 4.0 MB (62%), 1 of 2 layers"),
+            "{s}"
+        );
+        // Layer 1 converted while it still downloads: not counted as fetched.
+        p.converting(1);
+        let s = p.summary();
+        assert!(
+            s.starts_with("fetched 2.5 of 4.0 MB (62%), 1 of 2 layers"),
+            "{s}"
+        );
+        p.layer(1).add(1_500_000);
+        p.fetched(1);
+        let s = p.summary();
+        assert!(
+            s.starts_with("all 2 layers fetched; converting layer 1 of 2"),
             "{s}"
         );
         assert_eq!(short("sha256:abc"), "sha256:abc");
