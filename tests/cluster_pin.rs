@@ -243,11 +243,43 @@ fn quiet_by_default_and_missing_images_fail_at_submission() {
     let run = cluster
         .srun(
             Submitter::User,
-            &["-N1", &format!("--container-image={busybox}"), "true"],
+            &[
+                "-N1",
+                &format!("--container-image={busybox}"),
+                "sh",
+                "-c",
+                "echo $SLURM_JOB_ID $SLURMD_NODENAME",
+            ],
         )
         .ok();
     assert!(!run.stderr.contains("resolved to"), "{}", run.stderr);
     assert!(!run.stderr.contains(" lookup "), "{}", run.stderr);
+    // slurmd's log has one line per step with the digest and where the
+    // setup time went, and the first task's join.
+    let (job, node) = run.stdout.trim().split_once(' ').expect("job id and node");
+    let log_path = format!("{}/slurmd-{node}.log", cluster.var("BERTH_TEST_LOG_DIR"));
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let digest = tag_digest(&busybox);
+    let setup: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(&format!("berth: job {job} step 0: container for image")))
+        .collect();
+    assert_eq!(setup.len(), 1, "{log_path}:\n{}", setup.join("\n"));
+    for part in [
+        digest.as_str(),
+        "(lookup ",
+        " ms, pull ",
+        " ms, mount ",
+        " ms) in ",
+    ] {
+        assert!(setup[0].contains(part), "no '{part}' in {}", setup[0]);
+    }
+    assert!(
+        log.contains(&format!(
+            "berth: job {job} step 0: first task joined the container in "
+        )),
+        "{log_path} has no join line for job {job}"
+    );
     let missing = cluster.image(&format!("no-such-image-{}:v1", std::process::id()));
     let run = cluster
         .srun(

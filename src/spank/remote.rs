@@ -252,17 +252,15 @@ fn start_unnamed(ctx: &StepContext) -> Result<(StepContainer, String), String> {
     let mount_started = Instant::now();
     let container = spawn_holder(&ctx.config.helper_path, &spec, Mode::Privileged)
         .map_err(|e| format!("cannot start the container for image '{image}': {e:#}"))?;
+    let mounted = mount_started.elapsed();
+    let lookup = super::timings::take_lookup();
     if ctx.verbose {
         let shown = stored
             .reference
             .as_ref()
             .map_or_else(|| image.clone(), ToString::to_string);
         handle::log_user(&super::timings::setup_line(
-            &ctx.node,
-            &shown,
-            super::timings::take_lookup(),
-            pulled,
-            mount_started.elapsed(),
+            &ctx.node, &shown, lookup, pulled, mounted,
         ));
     }
     report_entrypoint(ctx, &container);
@@ -274,8 +272,9 @@ fn start_unnamed(ctx: &StepContext) -> Result<(StepContainer, String), String> {
         save,
     };
     let what = format!(
-        "for image {image} ({}) ready",
-        stored.manifest_digest.as_deref().unwrap_or("squashfs file")
+        "for image {image} ({}) ready ({})",
+        stored.manifest_digest.as_deref().unwrap_or("squashfs file"),
+        super::timings::stages(lookup, pulled, mounted)
     );
     Ok((step, what))
 }
@@ -415,9 +414,16 @@ pub fn task_init(spank: &Spank) -> Result<(), String> {
     step.container
         .join()
         .map_err(|e| format!("cannot enter the container: {e:#}"))?;
-    if let Some(node) = super::timings::join_report() {
-        if spank.local_task_id().is_ok_and(|id| id == 0) {
-            handle::log_user(&super::timings::join_line(&node, join_started.elapsed()));
+    if spank.local_task_id().is_ok_and(|id| id == 0) {
+        let joined = join_started.elapsed();
+        if let (Ok(job), Ok(step)) = (spank.job_id(), spank.step_id()) {
+            handle::log_info(&format!(
+                "job {job} step {step}: first task joined the container in {:.1} ms",
+                joined.as_secs_f64() * 1e3
+            ));
+        }
+        if let Some(node) = super::timings::join_report() {
+            handle::log_user(&super::timings::join_line(&node, joined));
         }
     }
     let keeps =

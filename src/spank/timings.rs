@@ -91,6 +91,13 @@ pub fn setup_line(
     pull: Duration,
     mount: Duration,
 ) -> String {
+    format!("{node}: {image}: {}", stages(lookup, pull, mount))
+}
+
+/// Where a setup's time went: `lookup X ms, pull Y ms, mount Z ms` (for the
+/// user's `srun -v` line and slurmd's log). `pull` is the whole helper run;
+/// the lookup is taken out of it.
+pub fn stages(lookup: Option<Duration>, pull: Duration, mount: Duration) -> String {
     let mut parts = Vec::new();
     if let Some(lookup) = lookup {
         parts.push(format!("lookup {} ms", ms(lookup)));
@@ -100,7 +107,7 @@ pub fn setup_line(
         ms(pull.saturating_sub(lookup.unwrap_or_default()))
     ));
     parts.push(format!("mount {} ms", ms(mount)));
-    format!("{node}: {image}: {}", parts.join(", "))
+    parts.join(", ")
 }
 
 /// The join line of one node (its first local task).
