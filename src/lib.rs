@@ -17,4 +17,5 @@ pub mod puller;
 pub mod reference;
 pub mod registry;
 pub mod spank;
+pub mod stop_signal;
 pub mod store;

@@ -446,6 +446,51 @@ impl Faults {
         }
     }
 
+    /// Pushes a fresh image whose lowest layer stalls after 64 KiB, starts
+    /// `srun -w NODE [ARGS] --container-image=IT true` and returns once the
+    /// node's puller is inside that stalled download.
+    fn spawn_stalled_pull(&self, node: &str, what: &str, args: &[&str]) -> (Pushed, Child) {
+        let image = self.fresh_image(what);
+        self.fault(
+            &image,
+            serde_json::json!({"fault": "stall", "digest": image.layers[0], "after_bytes": 65536}),
+        );
+        let option = format!("--container-image={}", image.via_proxy);
+        let mut srun_args = vec!["-w", node];
+        srun_args.extend_from_slice(args);
+        srun_args.extend([option.as_str(), "true"]);
+        let srun = self.spawn_srun(&srun_args);
+        assert!(
+            wait_for(Duration::from_secs(30), || !self
+                .pids_of("berth pull")
+                .is_empty()
+                && self
+                    .proxy_log(&image)
+                    .iter()
+                    .any(|l| l["action"] == "stall")),
+            "the pull never reached the stalled blob"
+        );
+        (image, srun)
+    }
+
+    /// Lifts `image`'s fault, runs a step with it on `node` and asserts that
+    /// the pull swept the temp files an interrupted one left.
+    fn assert_next_pull_runs_and_sweeps(&self, node: &str, image: &Pushed) {
+        self.clear_fault(image);
+        self.srun(&[
+            "-w",
+            node,
+            &format!("--container-image={}", image.via_proxy),
+            "true",
+        ])
+        .ok();
+        assert!(
+            self.temp_entries(node).is_empty(),
+            "temp files not swept: {:?}",
+            self.temp_entries(node)
+        );
+    }
+
     /// Asserts srun failed and its error names the image and `expected`.
     fn assert_failed_with(&self, run: Run, image: &str, expected: &[&str]) -> Run {
         let run = run.failed();
@@ -835,45 +880,15 @@ fn stalled_registry_times_out() {
 fn killed_puller_leaves_nothing_behind() {
     let Some(f) = Faults::get() else { return };
     let node = "node1";
-    let image = f.fresh_image("killpull");
-    f.fault(
-        &image,
-        serde_json::json!({"fault": "stall", "digest": image.layers[0], "after_bytes": 65536}),
-    );
-    let srun = f.spawn_srun(&[
-        "-w",
-        node,
-        &format!("--container-image={}", image.via_proxy),
-        "true",
-    ]);
-    let mut pullers = Vec::new();
-    assert!(
-        wait_for(Duration::from_secs(30), || {
-            pullers = f.pids_of("berth pull");
-            !pullers.is_empty() && f.proxy_log(&image).iter().any(|l| l["action"] == "stall")
-        }),
-        "the pull never reached the stalled blob"
-    );
-    for pid in &pullers {
+    let (image, srun) = f.spawn_stalled_pull(node, "killpull", &[]);
+    for pid in &f.pids_of("berth pull") {
         kill(*pid, libc::SIGKILL);
     }
     let run = f.assert_failed_with(finish(srun), &image.via_proxy, &["killed by signal 9"]);
     assert!(!run.stderr.is_empty());
     assert!(f.held_locks(node).is_empty(), "{:?}", f.held_locks(node));
     assert!(!f.images(node).contains(&image.repository));
-    f.clear_fault(&image);
-    f.srun(&[
-        "-w",
-        node,
-        &format!("--container-image={}", image.via_proxy),
-        "true",
-    ])
-    .ok();
-    assert!(
-        f.temp_entries(node).is_empty(),
-        "temp files not swept: {:?}",
-        f.temp_entries(node)
-    );
+    f.assert_next_pull_runs_and_sweeps(node, &image);
     assert_eq!(
         f.images(node).matches(&image.repository).count(),
         1,
@@ -1056,62 +1071,15 @@ fn full_store_fails_clearly_and_gives_space_back() {
     f.assert_clean("full store");
 }
 
-/// scancel while the image is pulled, while the container is set up, and
-/// while the task runs: nothing left, no node drained, the next step runs.
-///
-/// Slurm does not signal a step whose tasks have not started, so a cancelled
-/// pull runs on until it ends; a stalled one ends at `registry_timeout`.
+/// scancel while the container is set up (its ENTRYPOINT runs) and while
+/// the task runs: nothing left, no node drained, the next step runs. During
+/// the pull: [`scancel_stops_a_stalled_pull_within_seconds`].
 #[test]
 fn scancel_at_each_stage_leaves_nothing_behind() {
     let Some(f) = Faults::get() else { return };
-    let _fast = PlugstackArgs::add(&f, "registry_timeout=3 registry_retries=0");
     let node = "node1";
-    // During the pull (stalled in the middle of the layer).
-    let image = f.fresh_image("cancel-pull");
-    f.fault(
-        &image,
-        serde_json::json!({"fault": "stall", "digest": image.layers[0], "after_bytes": 65536}),
-    );
-    let name = format!("faults-cancel-pull-{}", std::process::id());
-    let srun = f.spawn_srun(&[
-        "-w",
-        node,
-        "-J",
-        &name,
-        &format!("--container-image={}", image.via_proxy),
-        "true",
-    ]);
-    let job = job_id(&f, &name);
-    assert!(
-        wait_for(Duration::from_secs(30), || f
-            .proxy_log(&image)
-            .iter()
-            .any(|l| l["action"] == "stall")),
-        "the pull never reached the stalled blob"
-    );
-    let cancelled = Instant::now();
-    f.run_as("root", "scancel", &[&job]).ok();
-    // srun's exit code after a cancel is Slurm's business.
-    finish(srun);
-    f.assert_clean("scancel during the pull");
-    assert!(
-        cancelled.elapsed() < Duration::from_secs(40),
-        "the cancelled pull took {:?} to end",
-        cancelled.elapsed()
-    );
-    f.clear_fault(&image);
-    f.srun(&[
-        "-w",
-        node,
-        &format!("--container-image={}", image.via_proxy),
-        "true",
-    ])
-    .ok();
-    assert!(
-        f.temp_entries(node).is_empty(),
-        "{:?}",
-        f.temp_entries(node)
-    );
+    // During the pull: scancel_stops_a_stalled_pull_within_seconds.
+    let image = f.fresh_image("cancel-run");
 
     // During the setup (the image ENTRYPOINT sleeps 6 s: Slurm lets the
     // setup finish before it ends the step).
@@ -1183,28 +1151,9 @@ fn scancel_stops_a_stalled_pull_within_seconds() {
     let Some(f) = Faults::get() else { return };
     let _slow = PlugstackArgs::add(&f, "registry_timeout=120 registry_retries=0 cancel_check=1");
     let node = "node1";
-    let image = f.fresh_image("cancel-watch");
-    f.fault(
-        &image,
-        serde_json::json!({"fault": "stall", "digest": image.layers[0], "after_bytes": 65536}),
-    );
     let name = format!("faults-cancel-watch-{}", std::process::id());
-    let srun = f.spawn_srun(&[
-        "-w",
-        node,
-        "-J",
-        &name,
-        &format!("--container-image={}", image.via_proxy),
-        "true",
-    ]);
+    let (image, srun) = f.spawn_stalled_pull(node, "cancel-watch", &["-J", &name]);
     let job = job_id(&f, &name);
-    assert!(
-        wait_for(Duration::from_secs(30), || !f
-            .pids_of("berth pull")
-            .is_empty()
-            && f.proxy_log(&image).iter().any(|l| l["action"] == "stall")),
-        "the pull never reached the stalled blob"
-    );
     let cancelled = Instant::now();
     f.run_as("root", "scancel", &[&job]).ok();
     assert!(
@@ -1234,19 +1183,7 @@ fn scancel_stops_a_stalled_pull_within_seconds() {
     );
     f.assert_clean("scancel during a stalled pull");
     assert!(!f.images(node).contains(&image.repository));
-    f.clear_fault(&image);
-    f.srun(&[
-        "-w",
-        node,
-        &format!("--container-image={}", image.via_proxy),
-        "true",
-    ])
-    .ok();
-    assert!(
-        f.temp_entries(node).is_empty(),
-        "temp files not swept: {:?}",
-        f.temp_entries(node)
-    );
+    f.assert_next_pull_runs_and_sweeps(node, &image);
     eprintln!("the stalled pull ended {stopped_in:?} after scancel");
 }
 

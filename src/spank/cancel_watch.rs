@@ -11,9 +11,10 @@
 //! killed, its temp files are swept by the next pull, the node stays up.
 
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+use crate::stop_signal::StopSignal;
 
 /// The shortest interval between two questions to slurmctld.
 const MIN_INTERVAL: Duration = Duration::from_secs(1);
@@ -37,7 +38,7 @@ const ENDED_STATES: &[&str] = &[
 /// Watches one step's job while the step's container is set up; stops
 /// watching when dropped.
 pub struct CancelWatch {
-    stop: Arc<(Mutex<bool>, Condvar)>,
+    stop: StopSignal,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -50,8 +51,8 @@ impl CancelWatch {
             return None;
         }
         let interval = interval_for(every, nodes);
-        let stop = Arc::new((Mutex::new(false), Condvar::new()));
-        let flag = Arc::clone(&stop);
+        let stop = StopSignal::new();
+        let flag = stop.clone();
         let thread = std::thread::Builder::new()
             .name("berth-cancel-watch".to_string())
             .spawn(move || watch(job, interval, &flag))
@@ -65,11 +66,7 @@ impl CancelWatch {
 
 impl Drop for CancelWatch {
     fn drop(&mut self) {
-        {
-            let (stopped, wake) = &*self.stop;
-            *stopped.lock().unwrap_or_else(|p| p.into_inner()) = true;
-            wake.notify_all();
-        }
+        self.stop.stop();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -85,21 +82,8 @@ pub fn interval_for(every: Duration, nodes: u32) -> Duration {
         .max(MIN_INTERVAL)
 }
 
-fn watch(job: u32, interval: Duration, stop: &(Mutex<bool>, Condvar)) {
-    let (stopped, wake) = stop;
-    let mut guard = stopped.lock().unwrap_or_else(|p| p.into_inner());
-    loop {
-        // Stopped before this thread first looked: do not wait a whole interval.
-        if *guard {
-            return;
-        }
-        let (g, _) = wake
-            .wait_timeout(guard, interval)
-            .unwrap_or_else(|p| p.into_inner());
-        guard = g;
-        if *guard {
-            return;
-        }
+fn watch(job: u32, interval: Duration, stop: &StopSignal) {
+    while !stop.wait(interval) {
         if let Some(state) = job_state(job).filter(|s| is_ended(s)) {
             crate::interrupt::request(&format!(
                 "job {job} ended ({state}) before its container was ready"

@@ -32,7 +32,9 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
+
+use crate::stop_signal::StopSignal;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -119,7 +121,7 @@ pub struct Lease {
     path: PathBuf,
     token: String,
     lost: Arc<AtomicBool>,
-    stop: Arc<(Mutex<bool>, Condvar)>,
+    stop: StopSignal,
     beat: Option<JoinHandle<()>>,
 }
 
@@ -133,11 +135,7 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        {
-            let (stopped, wake) = &*self.stop;
-            *stopped.lock().unwrap_or_else(|p| p.into_inner()) = true;
-            wake.notify_all();
-        }
+        self.stop.stop();
         if let Some(beat) = self.beat.take() {
             let _ = beat.join();
         }
@@ -238,13 +236,13 @@ fn try_take(path: &Path, timeouts: LeaseTimeouts) -> Result<Option<Lease>> {
         return Ok(None);
     }
     let lost = Arc::new(AtomicBool::new(false));
-    let stop = Arc::new((Mutex::new(false), Condvar::new()));
+    let stop = StopSignal::new();
     let beat = {
         let (path, token, lost, stop) = (
             path.to_path_buf(),
             holder.token.clone(),
             Arc::clone(&lost),
-            Arc::clone(&stop),
+            stop.clone(),
         );
         std::thread::Builder::new()
             .name("berth-lease".into())
@@ -262,26 +260,8 @@ fn try_take(path: &Path, timeouts: LeaseTimeouts) -> Result<Option<Lease>> {
 
 /// The holder's heartbeat: refreshes the lease's mtime while it is ours;
 /// marks it lost and stops when it is not.
-fn heartbeat(
-    path: &Path,
-    token: &str,
-    every: Duration,
-    lost: &AtomicBool,
-    stop: &(Mutex<bool>, Condvar),
-) {
-    let (stopped, wake) = stop;
-    let mut guard = stopped.lock().unwrap_or_else(|p| p.into_inner());
-    loop {
-        if *guard {
-            return;
-        }
-        let (g, _) = wake
-            .wait_timeout(guard, every)
-            .unwrap_or_else(|p| p.into_inner());
-        guard = g;
-        if *guard {
-            return;
-        }
+fn heartbeat(path: &Path, token: &str, every: Duration, lost: &AtomicBool, stop: &StopSignal) {
+    while !stop.wait(every) {
         let ours = read_holder(path).is_some_and(|h| h.token == token);
         let touched = ours
             && OpenOptions::new()
