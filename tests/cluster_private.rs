@@ -21,6 +21,17 @@ use common::{output_of, wait_for, Cluster, Run};
 /// The node every test here runs on, so that "cached on this node" holds.
 const NODE: &str = "node1";
 
+/// One test at a time: the sampling test checks the user of every
+/// credentials helper on the cluster, and the others run helpers as other
+/// users.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The cluster, and this file's turn on it.
+fn cluster_alone() -> Option<(Cluster, std::sync::MutexGuard<'static, ()>)> {
+    let turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    Some((Cluster::get()?, turn))
+}
+
 /// A name no earlier run used.
 fn unique(tag: &str) -> String {
     let nanos = std::time::SystemTime::now()
@@ -265,7 +276,7 @@ fn assert_refused_by_tag(run: Run, who: &str) {
 /// works for everyone.
 #[test]
 fn private_images_follow_each_users_credentials() {
-    let Some(cluster) = Cluster::get() else {
+    let Some((cluster, _turn)) = cluster_alone() else {
         return;
     };
     let others = other_users(&cluster);
@@ -439,7 +450,7 @@ fn sample(namespaces: &HashSet<u64>, secret: &[u8], stop: &AtomicBool, seen: &Mu
 /// log, in no srun output and not in the container's environment.
 #[test]
 fn credentials_never_show_and_the_puller_is_the_pull_user() {
-    let Some(cluster) = Cluster::get() else {
+    let Some((cluster, _turn)) = cluster_alone() else {
         return;
     };
     let repository = format!("private/{}", unique("sampled"));
@@ -531,7 +542,7 @@ fn credentials_never_show_and_the_puller_is_the_pull_user() {
 /// pull by root's CLI into it also runs as the pull user.
 #[test]
 fn store_content_belongs_to_the_pull_user() {
-    let Some(cluster) = Cluster::get() else {
+    let Some((cluster, _turn)) = cluster_alone() else {
         return;
     };
     // A new image, pulled through srun.
@@ -621,11 +632,65 @@ fn store_content_belongs_to_the_pull_user() {
     );
 }
 
+/// A squashfs file given by path is mounted only if the job's user could
+/// open it: a world-readable file inside another user's private folder is
+/// refused (root opens it with the user's rights), the owner runs it, and
+/// once the folder is opened up everyone does.
+#[test]
+fn a_squashfs_in_another_users_private_folder_is_refused() {
+    let Some((cluster, _turn)) = cluster_alone() else {
+        return;
+    };
+    let Some(owner) = other_users(&cluster).into_iter().next() else {
+        eprintln!("skipped: no second test user");
+        return;
+    };
+    // The squashfs of a stored image, copied into the owner's private folder.
+    let busybox = cluster.image("busybox:latest");
+    srun_as(
+        &cluster,
+        common::TEST_USER,
+        &[],
+        &[&format!("--container-image={busybox}"), "true"],
+    )
+    .ok();
+    let store =
+        Path::new(&cluster.var("BERTH_TEST_STATE_DIR")).join(format!("nodes/{NODE}/berth-store"));
+    let stored = std::fs::read_dir(store.join("images"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().join("image.sqfs"))
+        .find(|p| p.is_file())
+        .expect("a stored squashfs");
+    let base = shared_base();
+    let private = base.path().join("private");
+    std::fs::create_dir(&private).unwrap();
+    let sqfs = private.join("image.sqfs");
+    std::fs::copy(&stored, &sqfs).unwrap();
+    let uid = uid_of(&owner);
+    std::os::unix::fs::chown(&private, Some(uid), None).unwrap();
+    std::os::unix::fs::chown(&sqfs, Some(uid), None).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::set_permissions(&sqfs, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let option = format!("--container-image={}", sqfs.display());
+    let run = srun_as(&cluster, common::TEST_USER, &[], &[&option, "true"]).failed();
+    assert!(
+        run.stderr.contains(&sqfs.display().to_string())
+            && (run.stderr.contains("Permission denied") || run.stderr.contains("not readable by")),
+        "{}",
+        run.stderr
+    );
+    srun_as(&cluster, &owner, &[], &[&option, "true"]).ok();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o755)).unwrap();
+    srun_as(&cluster, common::TEST_USER, &[], &[&option, "true"]).ok();
+    cluster.assert_nodes_healthy();
+}
+
 /// Another user can neither signal, trace, nor look into a user's
 /// containerized task, and the task lives on.
 #[test]
 fn other_users_cannot_touch_container_tasks() {
-    let Some(cluster) = Cluster::get() else {
+    let Some((cluster, _turn)) = cluster_alone() else {
         return;
     };
     let intruder = other_users(&cluster)[0].clone();
@@ -728,7 +793,7 @@ fn other_users_cannot_touch_container_tasks() {
 /// that expands beyond them, with an error naming the setting.
 #[test]
 fn bomb_limit_is_configurable() {
-    let Some(cluster) = Cluster::get() else {
+    let Some((cluster, _turn)) = cluster_alone() else {
         return;
     };
     let base = shared_base();

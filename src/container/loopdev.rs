@@ -71,13 +71,27 @@ pub struct LoopDevice {
 impl LoopDevice {
     /// Binds a free loop device read-only to `image`, with autoclear.
     ///
-    /// The file is opened by root, so what was opened is checked on the open
-    /// file itself (never the path again, which could have been swapped): a
-    /// regular file that `reader` may read by its mode bits. A symlink or a
-    /// renamed path cannot point root at a device or at another user's file.
+    /// The file is opened with `reader`'s file-system identity, so the
+    /// kernel checks for root what it checks for the user: every folder on
+    /// the way, ACLs, the file's mode (a world-readable file in another
+    /// user's private folder stays theirs). What was opened is then checked
+    /// on the open file itself (never the path again, which could have been
+    /// swapped): a regular file, so a symlink or a renamed path cannot point
+    /// root at a device.
     pub fn attach_read_only(image: &Path, reader: &UserIdentity) -> anyhow::Result<LoopDevice> {
-        let backing = File::open(image)
-            .with_context(|| format!("cannot open image file {}", image.display()))?;
+        let backing = open_as(image, reader).map_err(|e| {
+            if e.kind() == io::ErrorKind::PermissionDenied {
+                anyhow::anyhow!(
+                    "image {} is not readable by {} (uid {}): {e}; berth mounts only \
+                     images the job's user may read",
+                    image.display(),
+                    reader.name,
+                    reader.uid
+                )
+            } else {
+                anyhow::Error::new(e).context(format!("cannot open image file {}", image.display()))
+            }
+        })?;
         let meta = backing
             .metadata()
             .with_context(|| format!("cannot stat image file {}", image.display()))?;
@@ -85,15 +99,6 @@ impl LoopDevice {
             bail!(
                 "image {} is not a regular file; berth mounts only squashfs files",
                 image.display()
-            );
-        }
-        if !may_read(&meta, reader) {
-            bail!(
-                "image {} is not readable by {} (uid {}): berth mounts only images the \
-                 job's user may read",
-                image.display(),
-                reader.name,
-                reader.uid
             );
         }
         let control = OpenOptions::new()
@@ -225,17 +230,67 @@ fn configure_legacy(device: &File, backing: &File, info: &LoopInfo64) -> io::Res
     Ok(())
 }
 
-/// Whether `user` may read a file with this owner, group and mode.
-fn may_read(meta: &std::fs::Metadata, user: &UserIdentity) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let mode = meta.mode();
-    if meta.uid() == user.uid {
-        return mode & 0o400 != 0;
+/// Opens `image` read-only as `reader` would: this thread's file-system
+/// uid, gid and groups become the user's for the `open` (raw system calls,
+/// which change the calling thread only; the kernel drops root's file
+/// capabilities with a non-zero fsuid), then root's come back. Run as
+/// anyone but root, or for root, a plain open.
+fn open_as(image: &Path, reader: &UserIdentity) -> io::Result<File> {
+    // SAFETY: geteuid never fails.
+    if unsafe { libc::geteuid() } != 0 || reader.uid == 0 {
+        return File::open(image);
     }
-    if user.all_gids().contains(&meta.gid()) {
-        return mode & 0o040 != 0;
+    let saved_groups = thread_groups()?;
+    let groups = reader.all_gids();
+    // SAFETY: setgroups reads `groups.len()` gids from a live vector.
+    if unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
     }
-    mode & 0o004 != 0
+    // SAFETY: setfsgid/setfsuid take an id and return the previous one.
+    let (old_gid, old_uid) = unsafe {
+        (
+            libc::syscall(libc::SYS_setfsgid, reader.gid),
+            libc::syscall(libc::SYS_setfsuid, reader.uid),
+        )
+    };
+    // setfsuid reports no error: ask (-1 changes nothing) whether it took.
+    // SAFETY: as above.
+    let switched = unsafe { libc::syscall(libc::SYS_setfsuid, u32::MAX) } == reader.uid as i64;
+    let opened = if switched {
+        File::open(image)
+    } else {
+        Err(io::Error::other(
+            "cannot take the user's file-system identity",
+        ))
+    };
+    // SAFETY: restores what was saved above, in the same thread.
+    unsafe {
+        libc::syscall(libc::SYS_setfsuid, old_uid);
+        libc::syscall(libc::SYS_setfsgid, old_gid);
+        libc::syscall(
+            libc::SYS_setgroups,
+            saved_groups.len(),
+            saved_groups.as_ptr(),
+        );
+    }
+    opened
+}
+
+/// The calling thread's supplementary groups.
+fn thread_groups() -> io::Result<Vec<libc::gid_t>> {
+    // SAFETY: with size 0 getgroups only returns the count.
+    let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut groups = vec![0; n as usize];
+    // SAFETY: the vector has room for `n` gids.
+    let n = unsafe { libc::getgroups(n, groups.as_mut_ptr()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    groups.truncate(n as usize);
+    Ok(groups)
 }
 
 #[cfg(test)]
@@ -258,26 +313,45 @@ mod tests {
         }
     }
 
+    /// As root: the user's view decides, folders on the way included, and
+    /// root keeps its own rights after.
     #[test]
-    fn who_may_read_follows_the_mode_bits() {
+    fn images_are_opened_with_the_users_rights() {
         use std::os::unix::fs::PermissionsExt;
+        // SAFETY: geteuid never fails.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let mode = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
         let dir = tempfile::tempdir().unwrap();
-        let f = dir.path().join("img");
+        let private = dir.path().join("private");
+        std::fs::create_dir(&private).unwrap();
+        let f = private.join("img");
         std::fs::write(&f, b"x").unwrap();
-        let owner = std::fs::metadata(&f).unwrap();
-        let (uid, gid) = {
-            use std::os::unix::fs::MetadataExt;
-            (owner.uid(), owner.gid())
-        };
-        let check = |mode: u32, who: &UserIdentity| {
-            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
-            may_read(&std::fs::metadata(&f).unwrap(), who)
-        };
-        assert!(check(0o600, &user(uid, gid)));
-        assert!(!check(0o600, &user(uid + 1000, gid + 1000)));
-        assert!(check(0o640, &user(uid + 1000, gid)));
-        assert!(!check(0o604, &user(uid + 1000, gid)));
-        assert!(check(0o644, &user(uid + 1000, gid + 1000)));
+        let nobody = user(54321, 54321);
+        let groups_before = thread_groups().unwrap();
+        mode(dir.path(), 0o755);
+        mode(&private, 0o700);
+        mode(&f, 0o644);
+        let e = open_as(&f, &nobody).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        mode(&private, 0o755);
+        assert!(open_as(&f, &nobody).is_ok());
+        mode(&f, 0o600);
+        assert!(open_as(&f, &nobody).is_err());
+        let owner = user(54321, 54321);
+        std::os::unix::fs::chown(&f, Some(54321), Some(1)).unwrap();
+        assert!(open_as(&f, &owner).is_ok());
+        mode(&f, 0o040);
+        assert!(open_as(&f, &user(11111, 1)).is_ok(), "group read");
+        assert!(open_as(&f, &nobody).is_err());
+        // Root's rights are back in this thread.
+        mode(&f, 0o000);
+        assert!(File::open(&f).is_ok());
+        assert_eq!(thread_groups().unwrap(), groups_before);
     }
 
     #[test]
