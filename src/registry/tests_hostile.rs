@@ -140,3 +140,77 @@ fn a_registry_without_tls_gets_a_clear_tls_error() {
         "{e}"
     );
 }
+
+/// A real TLS server (`openssl s_server`) with a self-signed certificate
+/// that the system does not trust: the error names the registry and says to
+/// install its CA.
+#[test]
+fn a_registry_with_an_untrusted_certificate_gets_a_clear_tls_error() {
+    use std::process::{Command, Stdio};
+    let Ok(version) = Command::new("openssl").arg("version").output() else {
+        eprintln!("skipped: no openssl command");
+        return;
+    };
+    assert!(version.status.success());
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let made = Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args([
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(made.success(), "openssl req failed");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut server = Command::new("openssl")
+        .args(["s_server", "-quiet", "-www", "-accept"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("-cert")
+        .arg(&cert)
+        .arg("-key")
+        .arg(&key)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    let up = (0..100).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        std::net::TcpStream::connect(&addr).is_ok()
+    });
+    let c = RegistryClient::new(&RegistryOptions {
+        credentials: Arc::new(NoCredentials),
+        retry: RetryPolicy {
+            attempts: 1,
+            ..RetryPolicy::default()
+        },
+        proxy: ProxySettings::default(),
+        ..RegistryOptions::default()
+    });
+    let result = c.resolve(
+        &ImageRef::parse(&format!("{addr}/ns/app:v1")).unwrap(),
+        &Platform::current(),
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(up, "openssl s_server did not start");
+    let e = error_of(result);
+    assert!(e.contains(&addr) && e.contains("install its CA"), "{e}");
+}
