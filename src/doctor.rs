@@ -91,6 +91,7 @@ pub fn run_checks(config: &Config, options: &DoctorOptions) -> Vec<Finding> {
         helper(&config.helper_path),
         slurm_version(),
     ];
+    findings.extend(slurm_tools(config));
     let node = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_default();
@@ -329,6 +330,28 @@ fn tool(name: &str, package: &str, missing: Level) -> Finding {
             format!("apt install {package}"),
         ),
     }
+}
+
+/// The Slurm and MUNGE commands the plugin runs on the node: `scontrol` to
+/// stop the pull of a cancelled job (`cancel_check`), and with
+/// `fanout=sbcast`: `sbcast`, `munge` and `unmunge`.
+fn slurm_tools(config: &Config) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    if !config.cancel_check.is_zero() {
+        let mut scontrol = tool("scontrol", "slurm-client", Level::Warn);
+        if scontrol.level != Level::Ok {
+            scontrol.detail.push_str(
+                " (a scancel during a pull then waits for the pull to end; or set cancel_check=0)",
+            );
+        }
+        findings.push(scontrol);
+    }
+    if config.fanout.mode == crate::config::FanoutMode::Sbcast {
+        findings.push(tool("sbcast", "slurm-client", Level::Fail));
+        findings.push(tool("munge", "munge", Level::Fail));
+        findings.push(tool("unmunge", "munge", Level::Fail));
+    }
+    findings
 }
 
 fn helper(path: &Path) -> Finding {
@@ -573,6 +596,19 @@ mod tests {
             Finding::ok("kernel", "Linux 6.1").to_string(),
             "ok   kernel: Linux 6.1"
         );
+    }
+
+    #[test]
+    fn slurm_tools_follow_the_configuration() {
+        let names = |config: &Config| -> Vec<String> {
+            slurm_tools(config).into_iter().map(|f| f.check).collect()
+        };
+        let mut config = Config::default();
+        assert_eq!(names(&config), ["scontrol"]);
+        config.cancel_check = std::time::Duration::ZERO;
+        assert!(names(&config).is_empty());
+        config.fanout.mode = crate::config::FanoutMode::Sbcast;
+        assert_eq!(names(&config), ["sbcast", "munge", "unmunge"]);
     }
 
     #[test]

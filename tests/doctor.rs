@@ -42,6 +42,10 @@ fn the_test_cluster_passes() {
         "tar2sqfs",
         "Slurm version",
         "pull user",
+        "scontrol",
+        "sbcast",
+        "munge",
+        "unmunge",
     ] {
         assert!(
             out.contains(&format!("ok   {line}")),
