@@ -16,6 +16,7 @@ pub mod privilege;
 pub mod puller;
 pub mod reference;
 pub mod registry;
+pub mod slurm_commands;
 pub mod spank;
 pub mod stop_signal;
 pub mod store;

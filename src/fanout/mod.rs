@@ -63,6 +63,10 @@ pub struct SendRequest {
     pub node_count: u32,
     /// Slurm's configuration file, for `sbcast`.
     pub slurm_conf: Option<PathBuf>,
+    /// The folder of Slurm's commands beside slurmstepd, searched first
+    /// for `sbcast` (none: the system's PATH only).
+    #[serde(default)]
+    pub slurm_bin: Option<PathBuf>,
     /// What to send.
     pub what: SendWhat,
 }

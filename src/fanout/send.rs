@@ -145,7 +145,10 @@ fn write_new(path: &Path, bytes: &[u8]) -> Result<()> {
 fn slurm_env<'a>(command: &'a mut Command, request: &SendRequest) -> &'a mut Command {
     command
         .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env(
+            "PATH",
+            crate::slurm_commands::command_path(request.slurm_bin.as_deref()),
+        )
         .current_dir("/")
         .stdin(Stdio::null());
     if let Some(conf) = &request.slurm_conf {

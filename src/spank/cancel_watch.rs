@@ -100,7 +100,12 @@ fn job_state(job: u32) -> Option<String> {
     command
         .args(["--oneliner", "show", "job", &job.to_string()])
         .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env(
+            "PATH",
+            crate::slurm_commands::command_path(
+                crate::slurm_commands::bin_dir_beside_stepd().as_deref(),
+            ),
+        )
         .current_dir("/")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -186,6 +186,7 @@ fn send(
         image: image.to_string(),
         node_count: step.node_count,
         slurm_conf: step.slurm_conf.clone(),
+        slurm_bin: crate::slurm_commands::bin_dir_beside_stepd(),
         what,
     };
     run_helper("send", &request, ctx.config)
