@@ -13,20 +13,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{output_of, wait_for, Cluster, Submitter, BOTH, TEST_USER};
+use common::{output_of, tool, wait_for, Cluster, Submitter, BOTH, TEST_USER};
 
 const NODES: [&str; 4] = ["node1", "node2", "node3", "node4"];
-
-/// Runs `program args`, which must succeed; its stdout.
-fn tool(program: &str, args: &[&str]) -> String {
-    let out = output_of(Command::new(program).args(args));
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
 
 /// Pushes an image no node has seen into a repository of its own: busybox
 /// with `BERTH_FANOUT=<unique>` in its config. Returns the reference and
@@ -42,40 +31,13 @@ fn unique_image(cluster: &Cluster, name: &str) -> (String, String, String) {
             .as_nanos()
     );
     let repository = format!("berth-fanout/{name}");
-    let tmp = tempfile::tempdir().unwrap();
-    let layout = tmp.path().join("oci");
-    let layout = layout.to_str().unwrap();
-    tool(
-        "skopeo",
-        &[
-            "copy",
-            "-q",
-            "--src-tls-verify=false",
-            &format!("docker://{registry}/busybox:latest"),
-            &format!("oci:{layout}:x"),
-        ],
-    );
-    tool(
-        "umoci",
-        &[
-            "config",
-            "--image",
-            &format!("{layout}:x"),
-            "--config.env",
-            &format!("BERTH_FANOUT={unique}"),
-        ],
-    );
-    tool(
-        "skopeo",
-        &[
-            "copy",
-            "-q",
-            "--dest-tls-verify=false",
-            &format!("oci:{layout}:x"),
-            &format!("docker://{registry}/{repository}:{}", std::process::id()),
-        ],
-    );
     let image = format!("{registry}/{repository}:{}", std::process::id());
+    common::push_with_env(
+        &format!("{registry}/busybox:latest"),
+        &format!("BERTH_FANOUT={unique}"),
+        &image,
+        None,
+    );
     (image, repository, unique)
 }
 

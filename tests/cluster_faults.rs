@@ -89,22 +89,7 @@ impl Faults {
 
     /// A Slurm command as `user`, from the work dir, with a 300 s limit.
     fn command_as(&self, user: &str, program: &str, args: &[&str]) -> Command {
-        let mut command = if user == "root" {
-            Command::new("timeout")
-        } else {
-            let mut c = Command::new("runuser");
-            c.args(["-u", user, "--", "timeout"]);
-            c
-        };
-        command
-            .arg("300")
-            .arg(program)
-            .args(args)
-            .current_dir(self.var("BERTH_TEST_WORKDIR"))
-            .env("SLURM_CONF", self.var("SLURM_CONF"))
-            .env_remove("SLURM_JOB_ID")
-            .env_remove("SLURM_JOBID");
-        command
+        self.cluster.command_as(user, program, args)
     }
 
     fn run_as(&self, user: &str, program: &str, args: &[&str]) -> Run {

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::{output_of, wait_for, Cluster, Run};
+use common::{output_of, tool, wait_for, Cluster, Run};
 
 /// The node every test here runs on, so that "cached on this node" holds.
 const NODE: &str = "node1";
@@ -63,16 +63,6 @@ fn other_users(cluster: &Cluster) -> Vec<String> {
         .collect()
 }
 
-fn tool(program: &str, args: &[&str]) -> String {
-    let out = output_of(Command::new(program).args(args));
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
 /// Pushes `from` (in the anonymous registry) with a configuration of its
 /// own to the token registry as `repository:1`, so no node has it yet.
 /// Returns the reference and its manifest digest.
@@ -100,43 +90,13 @@ fn push_unique(
     repository: &str,
     creds: Option<&str>,
 ) -> (String, String) {
-    let tmp = tempfile::tempdir().unwrap();
-    let layout = tmp.path().join("oci");
-    let layout = layout.to_str().unwrap();
-    tool(
-        "skopeo",
-        &[
-            "copy",
-            "-q",
-            "--src-tls-verify=false",
-            &format!("docker://{}/{from}", cluster.registry()),
-            &format!("oci:{layout}:x"),
-        ],
-    );
-    tool(
-        "umoci",
-        &[
-            "config",
-            "--image",
-            &format!("{layout}:x"),
-            "--config.env",
-            &format!("BERTH_PRIVATE={}", unique("v")),
-        ],
-    );
     let reference = format!("{registry}/{repository}:1");
-    let mut push = vec!["copy", "-q", "--dest-tls-verify=false"];
-    let mut inspect = vec!["inspect", "--tls-verify=false"];
-    if let Some(creds) = creds {
-        push.extend(["--dest-creds", creds]);
-        inspect.extend(["--creds", creds]);
-    }
-    let source = format!("oci:{layout}:x");
-    let target = format!("docker://{reference}");
-    push.extend([source.as_str(), target.as_str()]);
-    tool("skopeo", &push);
-    inspect.extend(["--format", "{{.Digest}}", target.as_str()]);
-    let digest = tool("skopeo", &inspect);
-    assert!(digest.starts_with("sha256:"), "{digest}");
+    let digest = common::push_with_env(
+        &format!("{}/{from}", cluster.registry()),
+        &format!("BERTH_PRIVATE={}", unique("v")),
+        &reference,
+        creds,
+    );
     (reference, digest)
 }
 
@@ -194,6 +154,21 @@ fn srun_as(cluster: &Cluster, user: &str, env: &[(&str, &str)], args: &[&str]) -
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
+}
+
+/// A shared base folder in which the test user has an enroot credentials
+/// file with the token registry's password; the base, the password and the
+/// user's folder.
+fn own_enroot_credentials(cluster: &Cluster) -> (tempfile::TempDir, String, CredentialDir) {
+    let base = shared_base();
+    let password = cluster.var("BERTH_TEST_TOKEN_PASSWORD");
+    let own = CredentialDir::new(
+        base.path(),
+        common::TEST_USER,
+        ".credentials",
+        &enroot_entry(cluster, &password),
+    );
+    (base, password, own)
 }
 
 fn enroot_entry(cluster: &Cluster, password: &str) -> String {
@@ -283,14 +258,7 @@ fn private_images_follow_each_users_credentials() {
     let (two, three, four) = (&others[0], &others[1], &others[2]);
     let repository = format!("private/{}", unique("creds"));
     let (image, digest) = push_private(&cluster, "busybox:latest", &repository);
-    let base = shared_base();
-    let password = cluster.var("BERTH_TEST_TOKEN_PASSWORD");
-    let own = CredentialDir::new(
-        base.path(),
-        common::TEST_USER,
-        ".credentials",
-        &enroot_entry(&cluster, &password),
-    );
+    let (base, password, own) = own_enroot_credentials(&cluster);
     let wrong = CredentialDir::new(
         base.path(),
         three,
@@ -456,14 +424,7 @@ fn credentials_never_show_and_the_puller_is_the_pull_user() {
     let repository = format!("private/{}", unique("sampled"));
     // debian: big enough that the pull lasts a while.
     let (image, _) = push_private(&cluster, "debian:bookworm", &repository);
-    let base = shared_base();
-    let password = cluster.var("BERTH_TEST_TOKEN_PASSWORD");
-    let own = CredentialDir::new(
-        base.path(),
-        common::TEST_USER,
-        ".credentials",
-        &enroot_entry(&cluster, &password),
-    );
+    let (_base, password, own) = own_enroot_credentials(&cluster);
     let name = cluster.var("BERTH_TEST_NAME");
     let namespaces: HashSet<u64> = cluster
         .var("BERTH_TEST_NODE_NAMES")

@@ -233,9 +233,6 @@ fn srun_pinned_image_pulls_once() {
     // an image no node has seen: busybox with a config of its own (umoci
     // rewrites config and manifest, the layer is shared).
     let repository = "berth-pinned/busybox";
-    let tmp = tempfile::tempdir().unwrap();
-    let layout = tmp.path().join("oci");
-    let layout = layout.to_str().unwrap();
     let unique = format!(
         "BERTH_PINNED={}-{}",
         std::process::id(),
@@ -244,56 +241,12 @@ fn srun_pinned_image_pulls_once() {
             .unwrap()
             .as_nanos()
     );
-    let tool = |program: &str, args: &[&str]| {
-        let out = output_of(Command::new(program).args(args));
-        assert!(
-            out.status.success(),
-            "{program} {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    };
-    tool(
-        "skopeo",
-        &[
-            "copy",
-            "-q",
-            "--src-tls-verify=false",
-            &format!("docker://{registry}/busybox:latest"),
-            &format!("oci:{layout}:pinned"),
-        ],
+    let digest = common::push_with_env(
+        &format!("{registry}/busybox:latest"),
+        &unique,
+        &format!("{registry}/{repository}:latest"),
+        None,
     );
-    tool(
-        "umoci",
-        &[
-            "config",
-            "--image",
-            &format!("{layout}:pinned"),
-            "--config.env",
-            &unique,
-        ],
-    );
-    tool(
-        "skopeo",
-        &[
-            "copy",
-            "-q",
-            "--dest-tls-verify=false",
-            &format!("oci:{layout}:pinned"),
-            &format!("docker://{registry}/{repository}:latest"),
-        ],
-    );
-    let digest = tool(
-        "skopeo",
-        &[
-            "inspect",
-            "--tls-verify=false",
-            "--format",
-            "{{.Digest}}",
-            &format!("docker://{registry}/{repository}:latest"),
-        ],
-    );
-    assert!(digest.starts_with("sha256:"), "{digest}");
     let image = format!("--container-image={registry}/{repository}@{digest}");
     let first = cluster
         .srun(Submitter::User, &["-N1", "-w", "node1", &image, "true"])

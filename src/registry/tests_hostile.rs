@@ -24,6 +24,19 @@ fn image(reg: &FakeRegistry, name: &str) -> ImageRef {
     ImageRef::parse(&format!("{}/{name}", reg.addr)).unwrap()
 }
 
+/// A client that speaks TLS to every registry and tries each request once.
+fn one_try_client() -> RegistryClient {
+    RegistryClient::new(&RegistryOptions {
+        credentials: Arc::new(NoCredentials),
+        retry: RetryPolicy {
+            attempts: 1,
+            ..RetryPolicy::default()
+        },
+        proxy: ProxySettings::default(),
+        ..RegistryOptions::default()
+    })
+}
+
 fn error_of<T: std::fmt::Debug>(result: anyhow::Result<T>) -> String {
     format!("{:#}", result.unwrap_err())
 }
@@ -125,15 +138,7 @@ fn a_registry_without_tls_gets_a_clear_tls_error() {
     let reg = FakeRegistry::start(FakeAuth::None);
     reg.push_image("ns/app", "v1", vec![b"layer".to_vec()], &[]);
     // Not listed as insecure: the client speaks TLS to a plain-HTTP server.
-    let c = RegistryClient::new(&RegistryOptions {
-        credentials: Arc::new(NoCredentials),
-        retry: RetryPolicy {
-            attempts: 1,
-            ..RetryPolicy::default()
-        },
-        proxy: ProxySettings::default(),
-        ..RegistryOptions::default()
-    });
+    let c = one_try_client();
     let e = error_of(c.resolve(&image(&reg, "ns/app:v1"), &Platform::current()));
     assert!(
         e.contains(&reg.addr) && e.contains("insecure_registries"),
@@ -195,15 +200,7 @@ fn a_registry_with_an_untrusted_certificate_gets_a_clear_tls_error() {
         std::thread::sleep(std::time::Duration::from_millis(50));
         std::net::TcpStream::connect(&addr).is_ok()
     });
-    let c = RegistryClient::new(&RegistryOptions {
-        credentials: Arc::new(NoCredentials),
-        retry: RetryPolicy {
-            attempts: 1,
-            ..RetryPolicy::default()
-        },
-        proxy: ProxySettings::default(),
-        ..RegistryOptions::default()
-    });
+    let c = one_try_client();
     let result = c.resolve(
         &ImageRef::parse(&format!("{addr}/ns/app:v1")).unwrap(),
         &Platform::current(),

@@ -130,13 +130,30 @@ impl Cluster {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Run {
-        let mut command = match who {
-            Submitter::Root => Command::new("timeout"),
-            Submitter::User => {
-                let mut c = Command::new("runuser");
-                c.args(["-u", TEST_USER, "--", "timeout"]);
-                c
-            }
+        let user = match who {
+            Submitter::Root => "root",
+            Submitter::User => TEST_USER,
+        };
+        let mut command = self.command_as(user, program, args);
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        Run::from(
+            command
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run {program}: {e}")),
+        )
+    }
+
+    /// A Slurm client command as `user` (a name; root runs it directly), in
+    /// the work dir, with this cluster's `SLURM_CONF` and a 300 s limit.
+    pub fn command_as(&self, user: &str, program: &str, args: &[&str]) -> Command {
+        let mut command = if user == "root" {
+            Command::new("timeout")
+        } else {
+            let mut c = Command::new("runuser");
+            c.args(["-u", user, "--", "timeout"]);
+            c
         };
         command
             .arg("300")
@@ -146,14 +163,7 @@ impl Cluster {
             .env("SLURM_CONF", self.var("SLURM_CONF"))
             .env_remove("SLURM_JOB_ID")
             .env_remove("SLURM_JOBID");
-        for (k, v) in env {
-            command.env(k, v);
-        }
-        Run::from(
-            command
-                .output()
-                .unwrap_or_else(|e| panic!("cannot run {program}: {e}")),
-        )
+        command
     }
 
     /// `srun ARGS` as `who`.
@@ -330,4 +340,52 @@ pub fn skopeo_copy(from: &str, to: &str) {
         "skopeo copy {from} {to}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Runs `program args`, which must succeed; its stdout, trimmed.
+pub fn tool(program: &str, args: &[&str]) -> String {
+    let out = output_of(Command::new(program).args(args));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Pushes `source` (`host:port/repo:tag` in a plain-HTTP registry) to
+/// `target` with `env` (`NAME=value`) added to its configuration, so under a
+/// manifest digest no node has seen; `creds` (`user:password`) for the
+/// target registry. Returns that digest.
+pub fn push_with_env(source: &str, env: &str, target: &str, creds: Option<&str>) -> String {
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = format!("{}:x", tmp.path().join("oci").display());
+    let oci = format!("oci:{layout}");
+    tool(
+        "skopeo",
+        &[
+            "copy",
+            "-q",
+            "--src-tls-verify=false",
+            &format!("docker://{source}"),
+            &oci,
+        ],
+    );
+    tool(
+        "umoci",
+        &["config", "--image", &layout, "--config.env", env],
+    );
+    let target = format!("docker://{target}");
+    let mut push = vec!["copy", "-q", "--dest-tls-verify=false"];
+    let mut inspect = vec!["inspect", "--tls-verify=false"];
+    if let Some(creds) = creds {
+        push.extend(["--dest-creds", creds]);
+        inspect.extend(["--creds", creds]);
+    }
+    push.extend([oci.as_str(), target.as_str()]);
+    tool("skopeo", &push);
+    inspect.extend(["--format", "{{.Digest}}", target.as_str()]);
+    let digest = tool("skopeo", &inspect);
+    assert!(digest.starts_with("sha256:"), "{target}: {digest}");
+    digest
 }
