@@ -354,6 +354,51 @@ fn private_images_follow_each_users_credentials() {
     }
 }
 
+/// enroot's `password $(cmd)` form: the command runs as the job's user (it
+/// reads a key only that user can read and records who ran it), once per
+/// step, and the private image is pulled with its output.
+#[test]
+fn a_password_command_in_the_credentials_file_runs_as_the_user() {
+    let Some((cluster, _turn)) = cluster_alone() else {
+        return;
+    };
+    let repository = format!("private/{}", unique("cmd"));
+    let (image, _digest) = push_private(&cluster, "busybox:latest", &repository);
+    let base = shared_base();
+    let user = common::TEST_USER;
+    let dir = base.path().join(user);
+    let password = cluster.var("BERTH_TEST_TOKEN_PASSWORD");
+    let entry = format!(
+        "machine {} login {} password $(id -u >> {dir}/ran-as; cat {dir}/key)\n",
+        cluster.var("BERTH_TEST_BRIDGE_IP"),
+        cluster.var("BERTH_TEST_TOKEN_USER"),
+        dir = dir.display()
+    );
+    let own = CredentialDir::new(base.path(), user, ".credentials", &entry);
+    let key = dir.join("key");
+    std::fs::write(&key, format!("{password}\n")).unwrap();
+    std::os::unix::fs::chown(&key, Some(uid_of(user)), None).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    let run = srun_as(
+        &cluster,
+        user,
+        &[("ENROOT_CONFIG_PATH", own.path())],
+        &[&format!("--container-image={image}"), "id", "-u"],
+    )
+    .ok();
+    assert_eq!(run.stdout.trim(), uid_of(user).to_string());
+    let ran_as = std::fs::read_to_string(dir.join("ran-as")).unwrap();
+    assert!(
+        !ran_as.is_empty() && ran_as.lines().all(|l| l == uid_of(user).to_string()),
+        "the password command ran as {ran_as:?}, not only as {user}"
+    );
+    assert!(
+        !run.stderr.contains(&password) && !run.stdout.contains(&password),
+        "the password showed in srun's output"
+    );
+}
+
 /// Whether `pid` lives in one of the test cluster's node network namespaces
 /// (slurmd, slurmstepd, the helpers and tasks all do).
 fn in_cluster(pid: &str, namespaces: &HashSet<u64>) -> bool {

@@ -6,9 +6,27 @@
 //! service, so `machine auth.docker.io ...` works for Docker Hub and
 //! `machine authn.nvidia.com ...` for nvcr.io. Secrets never appear in `Debug`
 //! output, logs or error messages.
+//!
+//! A password that starts with `$` (`password $(gcloud auth print-access-token)`,
+//! `password $NGC_KEY`) is evaluated the way enroot does it: the rest of the
+//! line goes to `/bin/sh -c 'echo ...'` and the output is the password. berth
+//! runs it only for the entry a lookup picks, once, as whoever reads the file
+//! (in Slurm: the job's user, in `berth __credentials`), bounded in time
+//! ([`PASSWORD_COMMAND_TIMEOUT`]) and output.
 
 use std::fmt;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// How long a `password $(...)` command may run before it is killed.
+pub const PASSWORD_COMMAND_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The most bytes of a password command's output that are read.
+const MAX_PASSWORD_BYTES: u64 = 64 << 10;
 
 /// A login and password (or token) for one host.
 #[derive(Clone, PartialEq, Eq)]
@@ -53,11 +71,121 @@ impl Credentials for NoCredentials {
 }
 
 /// One `machine` entry of a credentials file.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 struct Entry {
     /// `None` for a `default` entry.
     machine: Option<String>,
-    credential: Credential,
+    login: String,
+    password: Password,
+}
+
+/// A password as written in the file.
+#[derive(Clone)]
+enum Password {
+    /// Taken as it is.
+    Plain(String),
+    /// `$...` to the end of the line: shell words that `echo` expands, run
+    /// at the first lookup that picks the entry (the result is kept).
+    Command {
+        words: String,
+        result: OnceLock<Option<String>>,
+    },
+}
+
+impl Entry {
+    /// The credential, running the password command if there is one; a
+    /// failed command is reported (without its output) and gives `None`.
+    fn credential(&self, file: &Path) -> Option<Credential> {
+        let password = match &self.password {
+            Password::Plain(p) => p.clone(),
+            Password::Command { words, result } => result
+                .get_or_init(|| {
+                    let machine = self.machine.as_deref().unwrap_or("default");
+                    match run_password_command(words, PASSWORD_COMMAND_TIMEOUT) {
+                        Ok(password) => Some(password),
+                        Err(why) => {
+                            eprintln!(
+                                "berth: warning: the password command of `machine {machine}` in \
+                                 {} {why}; not using that entry (check the command by running \
+                                 it in a shell)",
+                                file.display()
+                            );
+                            None
+                        }
+                    }
+                })
+                .clone()?,
+        };
+        Some(Credential {
+            login: self.login.clone(),
+            password,
+        })
+    }
+}
+
+/// Runs `echo WORDS` in `/bin/sh` (so `$(cmd)` and `$VAR` expand, as in
+/// enroot) for at most `limit`; returns its output without the trailing
+/// newline.
+fn run_password_command(words: &str, limit: Duration) -> Result<String, String> {
+    let mut child = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(format!("echo {words}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("could not be started (/bin/sh: {e})"))?;
+    let stdout = child.stdout.take();
+    let reader = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        if let Some(pipe) = stdout {
+            let _ = pipe.take(MAX_PASSWORD_BYTES + 1).read_to_end(&mut bytes);
+        }
+        bytes
+    });
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if started.elapsed() > limit => {
+                kill_group(&child);
+                let _ = child.wait();
+                let _ = reader.join();
+                return Err(format!(
+                    "did not finish within {:.1} s and was killed",
+                    limit.as_secs_f64()
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => return Err(format!("could not be waited for: {e}")),
+        }
+    };
+    // Children the command left behind keep the pipe open: end them too.
+    kill_group(&child);
+    let bytes = reader.join().unwrap_or_default();
+    if !status.success() {
+        return Err(format!("failed ({status})"));
+    }
+    if bytes.len() as u64 > MAX_PASSWORD_BYTES {
+        return Err(format!("printed more than {MAX_PASSWORD_BYTES} bytes"));
+    }
+    let text =
+        String::from_utf8(bytes).map_err(|_| "printed bytes that are not UTF-8".to_string())?;
+    let password = text.trim_end_matches(['\n', '\r']).to_string();
+    if password.is_empty() {
+        return Err("printed an empty password".to_string());
+    }
+    Ok(password)
+}
+
+/// Sends SIGKILL to the process group that `child` leads.
+fn kill_group(child: &std::process::Child) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        // SAFETY: kill(2) with a negative pid signals the process group the
+        // child was put in (`process_group(0)`); no memory is involved.
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
+    }
 }
 
 /// enroot's credentials file, read once when constructed.
@@ -146,7 +274,7 @@ impl EnrootCredentials {
 
 impl Credentials for EnrootCredentials {
     fn lookup(&self, host: &str, user: Option<&str>) -> Option<Credential> {
-        let user_ok = |e: &&Entry| user.is_none_or(|u| e.credential.login == u);
+        let user_ok = |e: &&Entry| user.is_none_or(|u| e.login == u);
         // Like curl's netrc, a `machine` without a port matches every port.
         let host_only = host.rsplit_once(':').map_or(host, |(h, _)| h);
         let find = |name: &str| {
@@ -163,7 +291,7 @@ impl Credentials for EnrootCredentials {
                     .filter(user_ok)
                     .find(|e| e.machine.is_none())
             })
-            .map(|e| e.credential.clone())
+            .and_then(|e| e.credential(&self.path))
     }
 
     fn describe(&self) -> String {
@@ -171,9 +299,19 @@ impl Credentials for EnrootCredentials {
     }
 }
 
+/// One token of a credentials file.
+#[derive(Debug, PartialEq, Eq)]
+enum Token {
+    /// A word (quotes removed).
+    Word(String),
+    /// After `password`: `$...` to the end of the line, to be evaluated.
+    Command(String),
+}
+
 /// Splits netrc text into tokens: whitespace separated, `"quoted strings"` with
-/// backslash escapes, `#` comments to the end of the line.
-fn tokens(text: &str) -> Vec<String> {
+/// backslash escapes, `#` comments to the end of the line; a password that
+/// starts with `$` takes the rest of its line (enroot's form).
+fn tokens(text: &str) -> Vec<Token> {
     let mut out = Vec::new();
     for line in text.lines() {
         let mut chars = line.chars().peekable();
@@ -181,8 +319,15 @@ fn tokens(text: &str) -> Vec<String> {
             while chars.peek().is_some_and(|c| c.is_whitespace()) {
                 chars.next();
             }
+            let after_password = matches!(out.last(), Some(Token::Word(w)) if w == "password");
             match chars.peek() {
                 None => break,
+                Some('$') if after_password => {
+                    out.push(Token::Command(
+                        chars.by_ref().collect::<String>().trim_end().to_string(),
+                    ));
+                    break;
+                }
                 Some('#') => break,
                 Some('"') => {
                     chars.next();
@@ -194,7 +339,7 @@ fn tokens(text: &str) -> Vec<String> {
                             c => tok.push(c),
                         }
                     }
-                    out.push(tok);
+                    out.push(Token::Word(tok));
                 }
                 Some(_) => {
                     let mut tok = String::new();
@@ -205,7 +350,7 @@ fn tokens(text: &str) -> Vec<String> {
                         tok.push(c);
                         chars.next();
                     }
-                    out.push(tok);
+                    out.push(Token::Word(tok));
                 }
             }
         }
@@ -214,36 +359,53 @@ fn tokens(text: &str) -> Vec<String> {
 }
 
 fn parse(text: &str) -> Vec<Entry> {
+    /// The entry being read: machine (`None`: default), login, password.
+    type Partial = (Option<String>, Option<String>, Option<Password>);
     let mut entries = Vec::new();
-    let mut current: Option<(Option<String>, Option<String>, Option<String>)> = None;
-    let mut flush = |cur: &mut Option<(Option<String>, Option<String>, Option<String>)>| {
+    let mut current: Option<Partial> = None;
+    let mut flush = |cur: &mut Option<Partial>| {
         if let Some((machine, Some(login), Some(password))) = cur.take() {
             entries.push(Entry {
                 machine,
-                credential: Credential { login, password },
+                login,
+                password,
             });
         }
     };
-    let toks = tokens(text);
-    let mut it = toks.into_iter();
+    let word = |tok: Option<Token>| match tok {
+        Some(Token::Word(w)) => Some(w),
+        Some(Token::Command(c)) => Some(c),
+        None => None,
+    };
+    let mut it = tokens(text).into_iter();
     while let Some(tok) = it.next() {
+        let Token::Word(tok) = tok else { continue };
         match tok.as_str() {
             "machine" => {
                 flush(&mut current);
-                current = Some((it.next(), None, None));
+                current = Some((word(it.next()), None, None));
             }
             "default" => {
                 flush(&mut current);
                 current = Some((None, None, None));
             }
             "login" => {
+                let login = word(it.next());
                 if let Some(cur) = current.as_mut() {
-                    cur.1 = it.next();
+                    cur.1 = login;
                 }
             }
             "password" => {
+                let password = match it.next() {
+                    Some(Token::Word(w)) => Some(Password::Plain(w)),
+                    Some(Token::Command(words)) => Some(Password::Command {
+                        words,
+                        result: OnceLock::new(),
+                    }),
+                    None => None,
+                };
                 if let Some(cur) = current.as_mut() {
-                    cur.2 = it.next();
+                    cur.2 = password;
                 }
             }
             "account" => {
@@ -322,5 +484,87 @@ machine localhost:5000
         let c = creds();
         let all = format!("{c:?} {:?}", c.lookup("nvcr.io", None).unwrap());
         assert!(!all.contains("SECRET") && !all.contains("bobpw"), "{all}");
+    }
+    #[test]
+    fn a_dollar_password_is_evaluated_like_enroot() {
+        let c = EnrootCredentials::from_text(
+            Path::new("x"),
+            "machine a.io login $oauthtoken password $(printf 'tok%s' en)\n\
+             machine b.io login u password $(echo two words)   \n",
+        );
+        let a = c.lookup("a.io", None).unwrap();
+        assert_eq!(
+            (a.login.as_str(), a.password.as_str()),
+            ("$oauthtoken", "token")
+        );
+        assert_eq!(c.lookup("b.io", None).unwrap().password, "two words");
+    }
+
+    #[test]
+    fn a_password_command_runs_only_for_the_entry_picked_and_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("ran");
+        let text = format!(
+            "machine other.io login o password $(echo other >> {log}; echo o)\n\
+             machine my.io login m password $(echo mine >> {log}; echo m)\n",
+            log = log.display()
+        );
+        let c = EnrootCredentials::from_text(Path::new("x"), &text);
+        assert!(!log.exists(), "no command runs when the file is read");
+        assert_eq!(c.lookup("my.io", None).unwrap().password, "m");
+        assert_eq!(c.lookup("my.io", None).unwrap().password, "m");
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "mine\n");
+        let shown = format!("{c:?} {:?}", c.lookup("my.io", None).unwrap());
+        assert!(
+            !shown.contains("mine") && !shown.contains("echo"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn a_failing_or_hanging_password_command_gives_no_credential() {
+        let c = EnrootCredentials::from_text(
+            Path::new("x"),
+            "machine f.io login u password $(false)\nmachine e.io login u password $(true)\n",
+        );
+        assert!(
+            c.lookup("f.io", None).is_none(),
+            "an empty output is no password"
+        );
+        assert!(c.lookup("e.io", None).is_none());
+        // As in enroot, the status is echo's: a failed command shows as an
+        // empty password, and that is refused.
+        assert!(
+            run_password_command("$(echo >&2 no key; exit 3)", PASSWORD_COMMAND_TIMEOUT)
+                .unwrap_err()
+                .contains("empty")
+        );
+        let started = Instant::now();
+        let err =
+            run_password_command("$(sleep 30 & sleep 30)", Duration::from_millis(300)).unwrap_err();
+        assert!(err.contains("killed"), "{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn quoted_and_plain_passwords_keep_their_meaning() {
+        assert_eq!(
+            tokens("machine h login u password \"$(not run)\" # c"),
+            ["machine", "h", "login", "u", "password", "$(not run)"]
+                .map(|w| Token::Word(w.to_string()))
+        );
+        assert_eq!(
+            tokens("login $oauthtoken password $(a b) # c"),
+            vec![
+                Token::Word("login".into()),
+                Token::Word("$oauthtoken".into()),
+                Token::Word("password".into()),
+                Token::Command("$(a b) # c".into()),
+            ]
+        );
     }
 }
