@@ -19,6 +19,11 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
 export BERTH_TEST_NAME=${BERTH_TEST_NAME:-berthtest-ci}
+# full: every suite, then the core suite on the Slurm of each release root
+# (BERTH_TEST_RELEASES); core: the cluster suites that depend on Slurm's
+# behaviour (what tests/release.sh runs inside a release root).
+SUITE=${BERTH_TEST_SUITE:-full}
+[[ $SUITE == full || $SUITE == core ]] || { echo "BERTH_TEST_SUITE must be full or core (got '$SUITE')" >&2; exit 2; }
 # Four nodes: node1 and node2 form the default partition (the tests written
 # for two nodes), all four the partition `wide` (tests/cluster_fanout.rs).
 export BERTH_TEST_NODES=${BERTH_TEST_NODES:-4} BERTH_TEST_DEFAULT_NODES=${BERTH_TEST_DEFAULT_NODES:-2}
@@ -65,6 +70,15 @@ tests/harness/entrypoint-images.sh
 
 export BERTH_TEST_ENV=/run/$BERTH_TEST_NAME/env
 export BERTH_REQUIRE_CLUSTER=1
+if [[ $SUITE == core ]]; then
+    log "core integration tests against Slurm $(slurmd -V 2>/dev/null | awk '{print $2}')"
+    cargo test --release --locked --no-fail-fast --test cluster --test cluster_entry --test cluster_named \
+        --test cluster_mpi --test cluster_pin --test cluster_private --test cluster_fanout -- --test-threads=2
+    cargo test --release --locked --test cluster_faults -- killed_helper_or_task_leaves_nothing_behind scancel_at_each_stage
+    log "leftover check (alone, after every other test)"
+    cargo test --release --locked --test cluster_leftovers
+    exit 0
+fi
 log "unit and integration tests"
 cargo build --release --locked --examples
 # Every test binary now, so the later runs (package, leftovers) build nothing.

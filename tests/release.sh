@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Usage: tests/release.sh SUITE...     (as root; SUITE: trixie, sid)
+#
+# Runs berth's core cluster suite (tests/run.sh with BERTH_TEST_SUITE=core)
+# against the Slurm of another Debian release: trixie ships Slurm 24.11, sid
+# 26.05. Each runs in a root of that release (tests/harness/release-root.sh,
+# built once and cached), where berth is built against that Slurm's headers,
+# with a four-node cluster, registries and images of its own (instance
+# berthtest-SUITE, its own /24 and ports), torn down at the end like
+# tests/run.sh's. The build shares CARGO_TARGET_DIR (default target/) with
+# the machine's: the dependencies are compiled once, only berth is rebuilt
+# (so target/release holds the last release's binaries afterwards).
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO"
+(($#)) || set -- trixie sid
+[[ $(id -u) -eq 0 ]] || { echo "tests/release.sh must run as root" >&2; exit 1; }
+
+index=0
+for suite in "$@"; do
+    case $suite in
+    trixie) index=20 ;;
+    sid) index=21 ;;
+    *) echo "unknown release root '$suite' (trixie, sid)" >&2; exit 2 ;;
+    esac
+    t0=$SECONDS
+    tests/harness/release-root.sh "$suite" build
+    tests/harness/release-root.sh "$suite" enter env \
+        BERTH_TEST_NAME="berthtest-$suite" BERTH_TEST_SUITE=core \
+        BERTH_TEST_SUBNET="10.77.$index" BERTH_TEST_SLOT=0 \
+        BERTH_TEST_SLURMCTLD_PORT=$((16817 + 100 * index)) BERTH_TEST_SLURMD_PORT=$((16818 + 100 * index)) \
+        BERTH_TEST_REGISTRY_PORT=$((15000 + 100 * index)) BERTH_TEST_TOKEN_REGISTRY_PORT=$((15001 + 100 * index)) \
+        BERTH_TEST_TOKEN_SERVER_PORT=$((15002 + 100 * index)) \
+        CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$REPO/target}" \
+        tests/run.sh
+    printf '[release] %s: core suite passed in %ds\n' "$suite" $((SECONDS - t0))
+done
