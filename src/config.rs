@@ -312,21 +312,6 @@ impl Config {
         })
     }
 
-    /// The `berth pull` arguments that make the helper use the store as a
-    /// shared one (none for a node-local store).
-    pub fn shared_store_args(&self) -> Vec<String> {
-        if !self.store_shared {
-            return Vec::new();
-        }
-        vec![
-            "--shared-store".to_string(),
-            "--lease-timeout".to_string(),
-            self.store_lease_timeout.as_secs().to_string(),
-            "--wait-timeout".to_string(),
-            self.store_wait_timeout.as_secs().to_string(),
-        ]
-    }
-
     /// Checks combinations of keys no single value can: a shared store has
     /// one path for all nodes, so no `%n`.
     fn check(&self, origin: &str) -> Result<(), ConfigError> {

@@ -8,6 +8,7 @@ pub mod config;
 pub mod container;
 pub mod doctor;
 pub mod fanout;
+pub mod helper;
 pub mod image;
 pub mod inject;
 pub mod interrupt;
