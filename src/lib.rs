@@ -3,6 +3,10 @@
 //! One core library behind two front ends: the SPANK plugin `spank_berth.so`
 //! (loaded by srun, sbatch, salloc and slurmd) and the `berth` command line tool.
 //! See docs/ARCHITECTURE.md for the path of a job through these modules.
+//!
+//! The plugin ([`spank`]) is the default cargo feature `spank`, which needs
+//! Slurm's `slurm/spank.h` at build time; `cargo build --no-default-features
+//! --bin berth` builds the CLI (and every helper) without it.
 
 pub mod config;
 pub mod container;
@@ -18,6 +22,7 @@ pub mod puller;
 pub mod reference;
 pub mod registry;
 pub mod slurm_commands;
+#[cfg(feature = "spank")]
 pub mod spank;
 pub mod stop_signal;
 pub mod store;
