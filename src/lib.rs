@@ -16,6 +16,8 @@ pub mod helper;
 pub mod image;
 pub mod inject;
 pub mod interrupt;
+#[cfg(test)]
+mod layering;
 pub mod named;
 pub mod privilege;
 pub mod puller;
