@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: sudo ./demo.sh [--keep]
+# Usage: ./demo.sh [--keep]   (as root)
 #
 # On a fresh Debian 12 machine: installs what is missing, builds and installs
 # berth under /var/lib/berthdemo/prefix, starts a local registry and a

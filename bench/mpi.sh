@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: sudo bench/mpi.sh [RUNS]
+# Usage: bench/mpi.sh [RUNS]   (as root)
 #
 # MPI point-to-point bandwidth between two nodes of the local test cluster,
 # inside berth containers with the host's MPICH injected (the bind

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: sudo bench/pull.sh [N]
+# Usage: bench/pull.sh [N]   (as root)
 #
 # Pull speed and memory of `berth pull` on a large synthetic image, medians of
 # N runs (default 3; the reference pipeline BERTH_BENCH_REF_RUNS times,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: sudo bench/scale.sh [RUNS]
+# Usage: bench/scale.sh [RUNS]   (as root)
 #
 # One new image on N nodes at once (`srun -N N`, N = BERTH_TEST_NODES, at
 # least 4, default 4), in three modes, RUNS (default 3) of each, interleaved:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: sudo bench/start.sh [RUNS]
+# Usage: bench/start.sh [RUNS]   (as root)
 #
 # Start cost of a containerized step against a bare one, on the local test
 # cluster, in one run, as the ordinary test user, RUNS (default 10) of each,

@@ -116,32 +116,7 @@ impl LogLevel {
     }
 }
 
-/// Where berth finds what it injects into containers (see `crate::inject`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InjectConfig {
-    /// Folder of the host MPI and interconnect profiles (`inject_dir`).
-    pub profile_dir: PathBuf,
-    /// Folder with the `nvidia*` device nodes (`gpu_dev_root`).
-    pub gpu_dev_root: PathBuf,
-    /// NVIDIA driver root searched before the host's loader cache (`gpu_driver_root`).
-    pub gpu_driver_root: Option<PathBuf>,
-    /// CDI spec folders (`cdi_spec_dirs`, comma-separated).
-    pub cdi_spec_dirs: Vec<PathBuf>,
-}
-
-impl Default for InjectConfig {
-    fn default() -> Self {
-        InjectConfig {
-            profile_dir: PathBuf::from(crate::inject::profile::DEFAULT_INJECT_DIR),
-            gpu_dev_root: PathBuf::from("/dev"),
-            gpu_driver_root: None,
-            cdi_spec_dirs: crate::inject::cdi::DEFAULT_SPEC_DIRS
-                .iter()
-                .map(PathBuf::from)
-                .collect(),
-        }
-    }
-}
+pub use crate::inject::InjectConfig;
 
 /// A configuration line or value that could not be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -310,21 +285,6 @@ impl Config {
             lease_timeout: self.store_lease_timeout,
             wait_timeout: self.store_wait_timeout,
         })
-    }
-
-    /// The `berth pull` arguments that make the helper use the store as a
-    /// shared one (none for a node-local store).
-    pub fn shared_store_args(&self) -> Vec<String> {
-        if !self.store_shared {
-            return Vec::new();
-        }
-        vec![
-            "--shared-store".to_string(),
-            "--lease-timeout".to_string(),
-            self.store_lease_timeout.as_secs().to_string(),
-            "--wait-timeout".to_string(),
-            self.store_wait_timeout.as_secs().to_string(),
-        ]
     }
 
     /// Checks combinations of keys no single value can: a shared store has

@@ -368,10 +368,24 @@ fn helper(path: &Path) -> Finding {
     }
 }
 
+/// `SLURM_VERSION_NUMBER` of the Slurm headers the plugin was built
+/// against (build.rs sets it); `None` for a CLI built without the plugin
+/// (no `spank` feature).
+fn built_for_slurm() -> Option<u64> {
+    option_env!("BERTH_BUILT_FOR_SLURM").and_then(|v| v.parse().ok())
+}
+
 /// The Slurm release the plugin was built for, against slurmd's.
 fn slurm_version() -> Finding {
     let check = "Slurm version";
-    let built = crate::spank::ffi::SLURM_VERSION_NUMBER;
+    let Some(built) = built_for_slurm() else {
+        return Finding::new(
+            Level::Warn,
+            check,
+            "this berth was built without the SPANK plugin (cargo feature `spank`)".to_string(),
+            "build with the default features (make install) on a machine with libslurm-dev",
+        );
+    };
     let built_text = format!(
         "{}.{:02}.{}",
         (built >> 16) & 0xff,

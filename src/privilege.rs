@@ -18,31 +18,42 @@ pub fn with_root<T>(f: impl FnOnce() -> T) -> T {
     if ruid != 0 || euid == 0 {
         return f();
     }
-    // SAFETY: plain set*id calls; glibc applies them to every thread.
+    // SAFETY: plain set*id calls; glibc applies them to every thread. When
+    // one fails, `f` runs with fewer rights and fails on its own.
     unsafe {
         libc::seteuid(0);
         libc::setegid(0);
     }
     let result = f();
     // SAFETY: as above; restores the ids slurmstepd set for the user.
-    unsafe {
-        libc::setegid(egid);
-        libc::seteuid(euid);
+    let restored = unsafe { libc::setegid(egid) == 0 && libc::seteuid(euid) == 0 };
+    if !restored {
+        // Going on as root on the user's behalf is never an option.
+        eprintln!(
+            "berth: cannot give up root again (seteuid {euid}): {}",
+            std::io::Error::last_os_error()
+        );
+        std::process::abort();
     }
     result
 }
 
-/// Makes the child of `command` full root before it execs, when its real uid is root.
+/// Makes the child of `command` full root before it execs, when its real uid
+/// is root; a failed switch fails the spawn (nothing is executed).
 pub fn run_as_full_root(command: &mut Command) {
     // SAFETY: the closure only makes raw set*id system calls, which are
     // async-signal-safe and fine in the child of a multi-threaded parent.
     unsafe {
         command.pre_exec(|| {
-            if libc::syscall(libc::SYS_getuid) == 0 {
-                let zero: libc::gid_t = 0;
-                libc::syscall(libc::SYS_setresuid, 0, 0, 0);
-                libc::syscall(libc::SYS_setresgid, 0, 0, 0);
-                libc::syscall(libc::SYS_setgroups, 1, &zero as *const libc::gid_t);
+            if libc::syscall(libc::SYS_getuid) != 0 {
+                return Ok(());
+            }
+            let zero: libc::gid_t = 0;
+            if libc::syscall(libc::SYS_setresuid, 0, 0, 0) != 0
+                || libc::syscall(libc::SYS_setresgid, 0, 0, 0) != 0
+                || libc::syscall(libc::SYS_setgroups, 1, &zero as *const libc::gid_t) != 0
+            {
+                return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
@@ -84,5 +95,81 @@ pub fn run_as_user(command: &mut Command, uid: u32, gid: u32, groups: Vec<u32>) 
             libc::umask(0o022);
             Ok(())
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Drops `CAP_SETGID` from the calling (child) process: setgroups fails then.
+    fn drop_setgid_capability() -> std::io::Result<()> {
+        #[repr(C)]
+        struct Header {
+            version: u32,
+            pid: i32,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy)]
+        struct Data {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        let mut header = Header {
+            version: 0x2008_0522,
+            pid: 0,
+        };
+        let mut data = [Data {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        }; 2];
+        // SAFETY: capget/capset with a version-3 header and two data slots,
+        // as capget(2) defines them.
+        unsafe {
+            if libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // CAP_SETGID is capability number 6 (linux/capability.h).
+            let setgid = 1u32 << 6;
+            data[0].effective &= !setgid;
+            data[0].permitted &= !setgid;
+            if libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+
+    /// Needs root (else only the unprivileged half runs): a child whose
+    /// switch to full root or to the user fails is not run.
+    #[test]
+    fn a_failed_switch_runs_nothing() {
+        if !nix::unistd::geteuid().is_root() {
+            let mut command = Command::new("true");
+            run_as_user(&mut command, 0, 0, Vec::new());
+            assert!(command.status().is_err(), "became root without rights");
+            return;
+        }
+        let mut command = Command::new("id");
+        run_as_full_root(&mut command);
+        let out = command.output().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "uid=0(root) gid=0(root) groups=0(root)"
+        );
+        for full_root in [true, false] {
+            let mut command = Command::new("true");
+            // SAFETY: raw capget/capset calls only, async-signal-safe after fork.
+            unsafe { command.pre_exec(drop_setgid_capability) };
+            if full_root {
+                run_as_full_root(&mut command);
+            } else {
+                run_as_user(&mut command, 65534, 65534, Vec::new());
+            }
+            let e = command.status().unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+        }
     }
 }

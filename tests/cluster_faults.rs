@@ -447,7 +447,7 @@ impl Faults {
         let srun = self.spawn_srun(&srun_args);
         assert!(
             wait_for(Duration::from_secs(30), || !self
-                .pids_of("berth pull")
+                .pids_of("berth __pull")
                 .is_empty()
                 && self
                     .proxy_log(&image)
@@ -818,6 +818,119 @@ fn truncated_blob_once_is_downloaded_again() {
 
 /// A registry that accepts and then says nothing: the pull times out
 /// (registry_timeout) instead of hanging, with a clear error.
+/// The pull helper pulls with the plugin's settings and nothing else: the
+/// plugstack line names its config file (`config=`), turns off a shared
+/// store (`store_shared=0`) and gives a shorter `insecure_registries` than a
+/// config file the helper could read for itself (here the helper is started
+/// with `BERTH_CONFIG` naming such a file, as `/etc/berth/berth.conf` would be
+/// read; the machine's own /etc is left alone). The registry the line leaves
+/// out is not reached over plain HTTP, and the store is used as a node-local
+/// one.
+#[test]
+fn the_pull_helper_uses_the_plugins_settings_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(f) = Faults::get() else { return };
+    let node = "node1";
+    let dir = PathBuf::from(format!(
+        "{}/config-test-{}",
+        f.var("BERTH_TEST_STATE_DIR"),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let write = |name: &str, text: &str, mode: u32| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        path
+    };
+    let registry = f.cluster.registry();
+    let site = write("site.conf", "registry_retries=0\n", 0o644);
+    let other = write(
+        "other.conf",
+        &format!(
+            "insecure_registries={},{registry}\nstore_shared=1\nregistry_retries=0\n",
+            f.proxy()
+        ),
+        0o644,
+    );
+    let helper = write(
+        "berth",
+        &format!(
+            "#!/bin/sh\nBERTH_CONFIG={} exec {} \"$@\"\n",
+            other.display(),
+            f.berth()
+        ),
+        0o755,
+    );
+    let store = dir.join(format!("store-{node}"));
+    let line = PlugstackArgs::add(
+        &f,
+        &format!(
+            "config={} helper_path={} store_path={}/store-%n store_shared=0 \
+             insecure_registries={registry}",
+            site.display(),
+            helper.display(),
+            dir.display()
+        ),
+    );
+    // In the line's list: pulled, into a node-local store (a shared one has
+    // the `shared-store` marker, which the pull user cannot write: the
+    // pull failed with the helper's own config file).
+    let image = f.cluster.image("busybox:latest");
+    f.srun(&[
+        "-w",
+        node,
+        &format!("--container-image={image}"),
+        "cat",
+        "/etc/os-release",
+    ])
+    .ok();
+    assert!(
+        store.join("images").is_dir(),
+        "nothing in {}",
+        store.display()
+    );
+    let per_host: Vec<_> = std::fs::read_dir(store.join("tmp"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.path())
+        .collect();
+    assert!(
+        !store.join("shared-store").exists() && per_host.is_empty(),
+        "the pull used {} as a shared store: {per_host:?}",
+        store.display()
+    );
+    // Left out by the line: HTTPS, which the plain-HTTP proxy does not speak.
+    let pushed = f.fresh_image("config-https");
+    let run = f.srun(&[
+        "-w",
+        node,
+        &format!("--container-image={}", pushed.via_proxy),
+        "true",
+    ]);
+    f.assert_failed_with(run, &pushed.via_proxy, &[]);
+    assert!(
+        f.proxy_log(&pushed).is_empty(),
+        "the proxy saw plain HTTP requests for {}",
+        pushed.repository
+    );
+    // The job epilogs read the line too: remove its files after them.
+    drop(line);
+    assert!(
+        wait_for(Duration::from_secs(30), || f
+            .run_as("root", "squeue", &["-h", "-w", node])
+            .stdout
+            .trim()
+            .is_empty()),
+        "jobs stay on {node}"
+    );
+    f.cluster.assert_nodes_healthy();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn stalled_registry_times_out() {
     let Some(f) = Faults::get() else { return };
@@ -866,7 +979,7 @@ fn killed_puller_leaves_nothing_behind() {
     let Some(f) = Faults::get() else { return };
     let node = "node1";
     let (image, srun) = f.spawn_stalled_pull(node, "killpull", &[]);
-    for pid in &f.pids_of("berth pull") {
+    for pid in &f.pids_of("berth __pull") {
         kill(*pid, libc::SIGKILL);
     }
     let run = f.assert_failed_with(finish(srun), &image.via_proxy, &["killed by signal 9"]);
@@ -1143,7 +1256,7 @@ fn scancel_stops_a_stalled_pull_within_seconds() {
     f.run_as("root", "scancel", &[&job]).ok();
     assert!(
         wait_for(Duration::from_secs(20), || f
-            .pids_of("berth pull")
+            .pids_of("berth __pull")
             .is_empty()),
         "the stalled pull still runs {:?} after scancel",
         cancelled.elapsed()

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Usage: sudo tests/run.sh
+# Usage: tests/run.sh   (as root)
 #
 # berth's test command (README, .ci/run). On a fresh Debian 12 machine it:
 #   1. installs what is missing (tests/harness/install-deps.sh),
-#   2. builds berth and installs it under a private prefix,
+#   2. checks formatting and lints (cargo fmt, clippy), that the CLI builds
+#      without the plugin, then builds berth and installs it under a
+#      private prefix,
 #   3. starts a registry and a four-node Slurm cluster of its own
 #      (tests/harness; names from BERTH_TEST_NAME, default berthtest-ci),
 #      builds the test images (cached between runs) and pushes them,
@@ -42,6 +44,18 @@ source tests/harness/rust-env.sh
 STATE=/var/lib/$BERTH_TEST_NAME
 PREFIX=$STATE/prefix
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target}
+
+log "formatting and lints"
+cargo fmt --check
+cargo clippy --locked --all-targets -- -D warnings
+# The CLI alone, as on a machine without Slurm's headers: without the
+# default feature `spank` bindgen is not even built, so no header is read.
+log "the CLI without the SPANK plugin (--no-default-features)"
+if cargo tree --locked --no-default-features -e normal,build -i bindgen >/dev/null 2>&1; then
+    echo "bindgen is still built with --no-default-features (build.rs needs the feature)" >&2
+    exit 1
+fi
+SLURM_INCLUDE_DIR=/nonexistent cargo check --locked --no-default-features --bin berth
 
 log "building and installing berth under $PREFIX"
 make install PREFIX="$PREFIX" TARGET_DIR="$CARGO_TARGET_DIR"

@@ -12,14 +12,12 @@ use clap::{Parser, Subcommand};
 use berth::config::{parse_mirrors, Config};
 use berth::container::spec::{parse_mounts, ContainerSpec, UserIdentity};
 use berth::container::{holder_main, spawn_holder, Mode};
+use berth::helper::PullSettings;
 use berth::inject::{self, gpu::GpuRequest};
 use berth::named::{check_name, NamedKey, NamedRoots, Scope};
 use berth::puller::{self, CredentialSet};
 use berth::reference::ImageSource;
-use berth::registry::{
-    ChainedCredentials, DockerCredentials, EnrootCredentials, RegistryOptions, RetryPolicy,
-    Timeouts,
-};
+use berth::registry::{ChainedCredentials, DockerCredentials, EnrootCredentials};
 use berth::store::units::{format_size, format_utc, parse_size};
 use berth::store::{
     pull_image, GcOptions, NotInStore, ProgressMode, PullOptions, RemoveOutcome, Store,
@@ -52,10 +50,6 @@ enum Commands {
         /// --json, `{"not_in_store":"sha256:..."}` on stdout).
         #[arg(long)]
         cached_only: bool,
-        /// Read the registry credentials from stdin (the plugin's puller; never
-        /// from argv or the environment).
-        #[arg(long, hide = true)]
-        credentials_stdin: bool,
     },
     /// Run a command inside an image.
     Run {
@@ -136,6 +130,9 @@ enum Commands {
         #[command(subcommand)]
         action: ContainersAction,
     },
+    /// Internal: the pull helper (one request on stdin, one reply line on stdout).
+    #[command(name = "__pull", hide = true)]
+    PullHelper,
     /// Internal: the container setup helper (spoken to over fd 3).
     #[command(name = "__holder", hide = true)]
     Holder,
@@ -264,31 +261,25 @@ fn parse_age_arg(text: &str) -> Result<std::time::Duration, String> {
 }
 
 impl StoreArgs {
-    fn resolve(&self, config: &Config) -> Result<(PathBuf, PullOptions)> {
+    fn resolve(&self, config: &Config) -> Result<(PathBuf, PullSettings, ProgressMode)> {
         let root = self
             .store
             .clone()
             .unwrap_or_else(|| config.store_path.clone());
-        let mut insecure = config.insecure_registries.clone();
-        insecure.extend(self.insecure_registries.iter().cloned());
+        let mut settings = PullSettings::from_config(config);
+        settings
+            .insecure_registries
+            .extend(self.insecure_registries.iter().cloned());
         // The command line's mirrors come first: they win over the config file's.
         let mut mirrors = Vec::new();
         for text in &self.mirrors {
             mirrors.extend(parse_mirrors(text).map_err(|e| anyhow::anyhow!("--mirror {e}"))?);
         }
-        mirrors.extend(config.mirrors.iter().cloned());
-        let mut retry = RetryPolicy::default();
-        if let Some(n) = self.registry_retries.or(config.registry_retries) {
-            retry.attempts = n + 1;
-        }
-        let mut timeouts = Timeouts::default();
-        if let Some(seconds) = self.registry_timeout.or(config.registry_timeout) {
-            let limit = std::time::Duration::from_secs(u64::from(seconds));
-            timeouts = Timeouts {
-                connect: limit,
-                read: limit,
-            };
-        }
+        mirrors.append(&mut settings.mirrors);
+        settings.mirrors = mirrors;
+        settings.registry_retries = self.registry_retries.or(config.registry_retries);
+        settings.registry_timeout = self.registry_timeout.or(config.registry_timeout);
+        settings.max_image_size = self.max_image_size.unwrap_or(config.max_image_size);
         let progress = match self.progress.as_str() {
             "bars" => ProgressMode::Bars,
             "lines" => ProgressMode::Lines,
@@ -297,39 +288,22 @@ impl StoreArgs {
         };
         let seconds = |given: Option<u64>, default: std::time::Duration, flag: &str| match given {
             Some(0) => bail!("--{flag} 0: give at least 1 second"),
-            Some(s) => Ok(std::time::Duration::from_secs(s)),
-            None => Ok(default),
+            Some(s) => Ok(s),
+            None => Ok(default.as_secs()),
         };
-        let shared = (self.shared_store || config.store_shared)
-            .then(|| -> Result<berth::store::SharedSettings> {
-                Ok(berth::store::SharedSettings {
-                    lease_timeout: seconds(
-                        self.lease_timeout,
-                        config.store_lease_timeout,
-                        "lease-timeout",
-                    )?,
-                    wait_timeout: seconds(
-                        self.wait_timeout,
-                        config.store_wait_timeout,
-                        "wait-timeout",
-                    )?,
-                })
-            })
-            .transpose()?;
-        let options = PullOptions {
-            shared,
-            registry: RegistryOptions {
-                insecure_registries: insecure,
-                mirrors,
-                retry,
-                timeouts,
-                ..RegistryOptions::default()
-            },
-            progress,
-            cached_only: false,
-            max_image_bytes: self.max_image_size.unwrap_or(config.max_image_size),
+        settings.shared = if self.shared_store || config.store_shared {
+            Some((
+                seconds(
+                    self.lease_timeout,
+                    config.store_lease_timeout,
+                    "lease-timeout",
+                )?,
+                seconds(self.wait_timeout, config.store_wait_timeout, "wait-timeout")?,
+            ))
+        } else {
+            None
         };
-        Ok((root, options))
+        Ok((root, settings, progress))
     }
 }
 
@@ -362,6 +336,7 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
+        Commands::PullHelper => std::process::exit(puller::serve::serve_pull()),
         Commands::Holder => holder_main(),
         Commands::Save { request } => {
             std::process::exit(berth::container::save::save_main(&[request]))
@@ -385,30 +360,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
             store,
             json,
             cached_only,
-            credentials_stdin,
         } => {
             let config = Config::for_cli()?;
             let source = ImageSource::parse(&image)?;
-            let (root, mut options) = store.resolve(&config)?;
+            let (root, settings, mut progress) = store.resolve(&config)?;
             if json && store.progress == "auto" {
-                options.progress = ProgressMode::Off;
+                progress = ProgressMode::Off;
             }
-            options.cached_only = cached_only;
-            if credentials_stdin {
-                // Nobody but root may read this process's memory: it holds
-                // the requesting user's credentials.
-                // SAFETY: prctl(PR_SET_DUMPABLE) only changes a flag of this process.
-                unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
-                let set = CredentialSet::read_from(std::io::stdin().lock())?;
-                options.registry.credentials = set.into_source();
-            }
-            // The puller itself pulls here, never through another puller.
-            let pulled = if credentials_stdin {
-                pull_image(&root, &source, &options)
-            } else {
-                cli_pull(&root, &source, &options, &config, &store)
-            };
-            let stored = match pulled {
+            let options = settings.pull_options(progress, cached_only);
+            let stored = match cli_pull(&root, &source, &options, &settings, &config) {
                 Ok(stored) => stored,
                 Err(e) => match e.downcast_ref::<NotInStore>() {
                     Some(missing) => {
@@ -463,11 +423,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
         } => {
             let config = Config::for_cli()?;
             let source = ImageSource::parse(&image)?;
-            let (root, mut options) = store.resolve(&config)?;
+            let (root, settings, mut progress) = store.resolve(&config)?;
             if store.progress == "auto" {
-                options.progress = ProgressMode::Off;
+                progress = ProgressMode::Off;
             }
-            let stored = cli_pull(&root, &source, &options, &config, &store)
+            let options = settings.pull_options(progress, false);
+            let stored = cli_pull(&root, &source, &options, &settings, &config)
                 .with_context(|| format!("cannot pull {source}"))?;
             // Keeps `berth rmi`/`gc` off the image while the container runs.
             let _hold = match stored.manifest_digest {
@@ -535,8 +496,8 @@ fn cli_pull(
     root: &std::path::Path,
     source: &ImageSource,
     options: &PullOptions,
+    settings: &PullSettings,
     config: &Config,
-    args: &StoreArgs,
 ) -> Result<berth::store::StoredImage> {
     let ImageSource::Registry(image) = source else {
         return pull_image(root, source, options);
@@ -546,22 +507,14 @@ fn cli_pull(
         return pull_image(root, source, options);
     }
     let helper = std::env::current_exe().context("cannot find the berth executable")?;
-    let progress = match options.progress {
-        ProgressMode::Bars | ProgressMode::Lines => "lines",
-        ProgressMode::Off => "none",
-    };
     let request = puller::PullRequest {
         helper: &helper,
         store: root,
         image,
         pull_user: &config.pull_user,
-        insecure_registries: &options.registry.insecure_registries,
-        mirrors: &options.registry.mirrors,
-        registry_retries: args.registry_retries.or(config.registry_retries),
-        max_image_size: options.max_image_bytes,
-        progress,
+        settings: settings.clone(),
+        progress_lines: options.progress != ProgressMode::Off,
         cached_only: options.cached_only,
-        extra_args: puller_args(args, options, config),
         forward: None,
     };
     let pulled = puller::pull(
@@ -578,24 +531,6 @@ fn cli_pull(
         }
         .into()),
     }
-}
-
-/// The shared-store and timeout arguments of a CLI pull, for the puller.
-fn puller_args(args: &StoreArgs, options: &PullOptions, config: &Config) -> Vec<String> {
-    let mut out = Vec::new();
-    if let Some(shared) = &options.shared {
-        out.extend([
-            "--shared-store".to_string(),
-            "--lease-timeout".to_string(),
-            shared.lease_timeout.as_secs().to_string(),
-            "--wait-timeout".to_string(),
-            shared.wait_timeout.as_secs().to_string(),
-        ]);
-    }
-    if let Some(seconds) = args.registry_timeout.or(config.registry_timeout) {
-        out.extend(["--registry-timeout".to_string(), seconds.to_string()]);
-    }
-    out
 }
 
 /// `berth containers list|rm`.

@@ -5,7 +5,6 @@ use std::fmt;
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -172,12 +171,9 @@ fn sbcast(request: &SendRequest, source: &Path, dest: &Path) -> Result<Vec<Strin
             .arg(source)
             .arg(dest);
         slurm_env(&mut command, request);
+        // The job's user, `no_new_privs`: sbcast needs no privilege of its own.
         let (uid, gid) = (request.user.uid, request.user.gid);
-        // SAFETY: the closure only makes raw set*id system calls (no
-        // allocation), which are async-signal-safe after fork.
-        unsafe {
-            command.pre_exec(move || crate::container::creds::become_user(uid, gid, &[gid]));
-        }
+        crate::privilege::run_as_user(&mut command, uid, gid, vec![gid]);
         let output = command
             .output()
             .context("cannot run sbcast (is Slurm's client installed on this node?)")?;

@@ -31,6 +31,31 @@ pub mod profile;
 
 pub use abi::AbiPolicy;
 
+/// Where berth finds what it injects into containers (the `inject_dir`, `gpu_*` and
+/// `cdi_spec_dirs` keys of `crate::config`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InjectConfig {
+    /// Folder of the host MPI and interconnect profiles (`inject_dir`).
+    pub profile_dir: PathBuf,
+    /// Folder with the `nvidia*` device nodes (`gpu_dev_root`).
+    pub gpu_dev_root: PathBuf,
+    /// NVIDIA driver root searched before the host's loader cache (`gpu_driver_root`).
+    pub gpu_driver_root: Option<PathBuf>,
+    /// CDI spec folders (`cdi_spec_dirs`, comma-separated).
+    pub cdi_spec_dirs: Vec<PathBuf>,
+}
+
+impl Default for InjectConfig {
+    fn default() -> Self {
+        InjectConfig {
+            profile_dir: PathBuf::from(profile::DEFAULT_INJECT_DIR),
+            gpu_dev_root: PathBuf::from("/dev"),
+            gpu_driver_root: None,
+            cdi_spec_dirs: cdi::DEFAULT_SPEC_DIRS.iter().map(PathBuf::from).collect(),
+        }
+    }
+}
+
 /// Where injected libraries appear inside the container (registered with the
 /// image's loader, first in its search order).
 pub const LIB_DIR: &str = "/usr/local/lib/berth";
@@ -118,7 +143,7 @@ pub const GPU_CDI_KIND: &str = "nvidia.com/gpu";
 /// Decides everything to inject for `request` into a container of `image` on
 /// this node, under the site's `config`.
 pub fn resolve(
-    config: &crate::config::InjectConfig,
+    config: &InjectConfig,
     request: &Request,
     image: &crate::image::ImageConfig,
 ) -> anyhow::Result<Injection> {

@@ -8,16 +8,17 @@
 //! 1. as root, the node store is prepared for the pull user ([`layout`]);
 //! 2. the requesting user's credentials for the image's registry are looked
 //!    up by `berth __credentials` running as that user ([`CredentialsFrom`]);
-//! 3. `berth pull --json --credentials-stdin` runs as the pull user (no
-//!    groups, `no_new_privs`, cleared environment; it makes itself
-//!    non-dumpable) and reads the credentials from its stdin;
-//! 4. its one JSON line is the stored image.
+//! 3. `berth __pull` runs as the pull user (no groups, `no_new_privs`,
+//!    cleared environment; it makes itself non-dumpable) and reads the
+//!    request, with every setting of the pull, and then the credentials from
+//!    its stdin ([`crate::helper::protocol`]); it reads no config file;
+//! 4. its one reply line is the stored image, or an error.
 
 pub mod creds;
 pub mod identity;
 pub mod layout;
-mod output;
 mod run;
+pub mod serve;
 
 pub use creds::{hosts_for, CredentialSet};
 pub use identity::PullUser;

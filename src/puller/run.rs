@@ -1,16 +1,16 @@
 //! Running the credentials helper as the user and the puller as the pull user.
 
-use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use super::creds::{hosts_for, CredentialSet, MAX_WIRE_BYTES};
 use super::{layout, PullUser};
 use crate::container::spec::UserIdentity;
+use crate::helper::{runner, PullJob, PullReply, PullSettings, RunAs, PULL_ARG};
 use crate::reference::ImageRef;
 use crate::registry::Credentials;
-use crate::store::{StoredImage, NOT_IN_STORE_EXIT};
+use crate::store::StoredImage;
 
 /// The hidden subcommand that looks up credentials as the user.
 pub const CREDENTIALS_ARG: &str = "__credentials";
@@ -59,21 +59,13 @@ pub struct PullRequest<'a> {
     pub image: &'a ImageRef,
     /// `pull_user`.
     pub pull_user: &'a str,
-    /// Plain-HTTP registries.
-    pub insecure_registries: &'a [String],
-    /// Pull-through mirrors.
-    pub mirrors: &'a [(String, String)],
-    /// Registry retries (`None`: the built-in default).
-    pub registry_retries: Option<u32>,
-    /// Largest flattened image, in bytes.
-    pub max_image_size: u64,
-    /// `--progress` of the puller (`lines` for the plugin).
-    pub progress: &'a str,
-    /// Only look in the store (`--cached-only`): an image not there is
+    /// The resolved settings of the pull (the helper reads no config file).
+    pub settings: PullSettings,
+    /// Plain progress lines on the puller's stderr (else none).
+    pub progress_lines: bool,
+    /// Only look in the store: an image not there is
     /// [`Answer::NotInStore`], nothing is downloaded.
     pub cached_only: bool,
-    /// More `berth pull` arguments (shared store, registry timeout).
-    pub extra_args: Vec<String>,
     /// Passes progress lines on while the pull runs: a label (`NODE: IMAGE`)
     /// and where to show them.
     pub forward: Option<(String, ShowLine<'a>)>,
@@ -102,7 +94,7 @@ pub struct Pulled {
 /// Errors are one message for the user (the puller's names the image).
 pub fn pull(request: &PullRequest, from: CredentialsFrom) -> Result<Pulled, String> {
     let pull_user = PullUser::lookup(request.pull_user)?;
-    let shared = request.extra_args.iter().any(|a| a == "--shared-store");
+    let shared = request.settings.shared.is_some();
     let adopted = crate::privilege::with_root(|| {
         let adopted = layout::prepare_store(request.store, &pull_user)?;
         // The marker sits in the root's own folder, which only root writes.
@@ -119,7 +111,7 @@ pub fn pull(request: &PullRequest, from: CredentialsFrom) -> Result<Pulled, Stri
             pull_user.name
         );
     }
-    let hosts = hosts_for(request.image, request.mirrors);
+    let hosts = hosts_for(request.image, &request.settings.mirrors);
     let login = request.image.user.as_deref();
     let credentials = match from {
         CredentialsFrom::User(requester) => {
@@ -149,10 +141,7 @@ fn user_credentials(
         .env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("HOME", &user.home)
-        .current_dir("/")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .current_dir("/");
     for entry in requester.job_env {
         if let Some((name, value)) = entry.split_once('=') {
             if CREDENTIAL_VARIABLES.contains(&name) && !value.is_empty() {
@@ -160,196 +149,105 @@ fn user_credentials(
             }
         }
     }
-    crate::privilege::run_as_user(&mut command, user.uid, user.gid, user.all_gids());
-    let child = crate::privilege::with_root(|| command.spawn()).map_err(|e| {
-        format!(
-            "cannot run the berth helper {} as {} to read their registry credentials: {e}",
-            helper.display(),
-            user.name
-        )
-    })?;
-    let (status, stdout, stderr) = wait_bounded(child, CREDENTIALS_TIMEOUT).map_err(|e| {
-        format!(
+    let run_as = RunAs::User {
+        uid: user.uid,
+        gid: user.gid,
+        groups: user.all_gids(),
+    };
+    let options = runner::Options {
+        limit: Some(CREDENTIALS_TIMEOUT),
+        max_stdout: MAX_WIRE_BYTES + 1,
+        ..runner::Options::default()
+    };
+    let finished = runner::run(&mut command, run_as, options).map_err(|e| match e.kind() {
+        std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted => format!(
             "reading the registry credentials of {} failed: {e} (a docker credential helper \
              that does not answer?)",
             user.name
-        )
+        ),
+        _ => format!(
+            "cannot run the berth helper {} as {} to read their registry credentials: {e}",
+            helper.display(),
+            user.name
+        ),
     })?;
+    let (status, stdout, stderr) = (finished.status, finished.stdout, finished.stderr);
     // Warnings about the user's own files (never secrets) go to the user.
-    for line in String::from_utf8_lossy(&stderr).lines().take(10) {
+    for line in stderr.lines().take(10) {
         eprintln!("{line}");
     }
     if !status.success() {
         return Err(format!(
             "reading the registry credentials of {} failed ({status}): {}",
             user.name,
-            String::from_utf8_lossy(&stderr).trim()
+            stderr.trim()
         ));
     }
     Ok(stdout)
 }
 
-/// Waits for `child` at most `limit` (then kills it), reading its output.
-fn wait_bounded(
-    mut child: Child,
-    limit: Duration,
-) -> std::io::Result<(std::process::ExitStatus, Vec<u8>, Vec<u8>)> {
-    let mut stdout = child.stdout.take();
-    let mut stderr = child.stderr.take();
-    let (status, out, err) = std::thread::scope(|s| {
-        let out = s.spawn(move || {
-            let mut bytes = Vec::new();
-            if let Some(pipe) = stdout.as_mut() {
-                let _ = pipe.take(MAX_WIRE_BYTES + 1).read_to_end(&mut bytes);
-            }
-            bytes
-        });
-        let err = s.spawn(move || {
-            let mut bytes = Vec::new();
-            if let Some(pipe) = stderr.as_mut() {
-                let _ = pipe.take(64 << 10).read_to_end(&mut bytes);
-            }
-            bytes
-        });
-        let started = Instant::now();
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break Ok(status),
-                Ok(None) if started.elapsed() > limit => {
-                    let _ = crate::privilege::with_root(|| child.kill());
-                    let _ = child.wait();
-                    break Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!("no answer in {} s", limit.as_secs()),
-                    ));
-                }
-                Ok(None) if crate::interrupt::requested().is_some() => {
-                    let _ = crate::privilege::with_root(|| child.kill());
-                    let _ = child.wait();
-                    let reason = crate::interrupt::requested().unwrap_or_default();
-                    break Err(crate::interrupt::interrupted_error(&reason));
-                }
-                Ok(None) => std::thread::sleep(Duration::from_millis(1)),
-                Err(e) => break Err(e),
-            }
-        };
-        (
-            status,
-            out.join().unwrap_or_default(),
-            err.join().unwrap_or_default(),
-        )
-    });
-    Ok((status?, out, err))
-}
-
-/// Runs `berth pull --json --credentials-stdin` as the pull user and reads
-/// its answer.
+/// Runs `berth __pull` as the pull user with the request (and the
+/// credentials after it) on its stdin, and reads its reply line.
 fn run_puller(
     request: &PullRequest,
     user: &PullUser,
     credentials: &[u8],
 ) -> Result<Pulled, String> {
+    let image = request.image.to_string();
+    let job = PullJob {
+        image: image.clone(),
+        store: request.store.to_path_buf(),
+        cached_only: request.cached_only,
+        progress_lines: request.progress_lines,
+        settings: request.settings.clone(),
+    };
+    let input = job.encode(credentials);
     let mut command = Command::new(request.helper);
     command
-        .arg("pull")
-        .arg("--json")
-        .arg("--credentials-stdin")
-        .arg("--store")
-        .arg(request.store)
-        .arg("--max-image-size")
-        .arg(request.max_image_size.to_string());
-    for registry in request.insecure_registries {
-        command.arg("--insecure-registry").arg(registry);
-    }
-    for (registry, mirror) in request.mirrors {
-        command.arg("--mirror").arg(format!("{registry}={mirror}"));
-    }
-    if let Some(n) = request.registry_retries {
-        command.arg("--registry-retries").arg(n.to_string());
-    }
-    if request.cached_only {
-        command.arg("--cached-only");
-    }
-    command.args(&request.extra_args);
-    command.arg("--progress").arg(request.progress);
-    command.arg("--").arg(request.image.to_string());
-    command
+        .arg(PULL_ARG)
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .current_dir("/")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    crate::privilege::run_as_user(&mut command, user.uid, user.gid, Vec::new());
-    let mut child = crate::privilege::with_root(|| command.spawn()).map_err(|e| {
-        format!(
+        .current_dir("/");
+    let run_as = RunAs::User {
+        uid: user.uid,
+        gid: user.gid,
+        groups: Vec::new(),
+    };
+    let forward = request
+        .forward
+        .as_ref()
+        .map(|(label, show)| (label.as_str(), *show));
+    let options = runner::Options {
+        input: &input,
+        forward,
+        ..runner::Options::default()
+    };
+    let output = runner::run(&mut command, run_as, options).map_err(|e| match e.kind() {
+        std::io::ErrorKind::Interrupted => format!("stopped the pull of '{image}': {e}"),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => format!(
             "cannot run the berth helper {} as the pull user {}: {e} (check helper_path in \
              plugstack.conf, and that {1} may execute it)",
             request.helper.display(),
             user.name
-        )
+        ),
+        _ => format!("the berth helper (pull) failed: {e}"),
     })?;
-    let stdin = child.stdin.take();
-    let (label, show): (String, &dyn Fn(&str)) = match &request.forward {
-        Some((label, show)) => (label.clone(), *show),
-        None => (String::new(), &|_: &str| {}),
+    let answer = match PullReply::parse(&output.stdout) {
+        Ok(PullReply::Ok(stored)) => Answer::Stored(stored),
+        Ok(PullReply::NotInStore(digest)) => Answer::NotInStore(digest),
+        Ok(PullReply::Error(error)) => return Err(error.message),
+        Err(_) => return Err(pull_failure(&image, output.status, &output.stderr)),
     };
-    let output = std::thread::scope(|s| {
-        s.spawn(move || {
-            if let Some(mut pipe) = stdin {
-                // A puller that died early closes the pipe: its stderr says why.
-                let _ = pipe.write_all(credentials);
-            }
-        });
-        super::output::wait_forwarding(child, &label, show)
-    })
-    .map_err(|e| {
-        if e.kind() == std::io::ErrorKind::Interrupted {
-            return format!("stopped the pull of '{}': {e}", request.image);
-        }
-        format!("the berth helper (pull) failed: {e}")
-    })?;
-    let image = request.image.to_string();
-    if request.cached_only && output.status.code() == Some(NOT_IN_STORE_EXIT.into()) {
-        let answer: serde_json::Value = serde_json::from_slice(&output.stdout).map_err(|e| {
-            format!("the berth helper gave an unreadable answer for '{image}': {e}")
-        })?;
-        let digest = answer["not_in_store"]
-            .as_str()
-            .ok_or_else(|| format!("the berth helper gave an unreadable answer for '{image}'"))?;
-        return Ok(Pulled {
-            answer: Answer::NotInStore(digest.to_string()),
-            stderr: output.stderr,
-        });
-    }
-    if !output.status.success() {
-        return Err(pull_failure(&image, output.status, &output.stderr));
-    }
-    let stored = serde_json::from_slice(&output.stdout)
-        .map_err(|e| format!("the berth helper gave an unreadable answer for '{image}': {e}"))?;
     Ok(Pulled {
-        answer: Answer::Stored(Box::new(stored)),
+        answer,
         stderr: output.stderr,
     })
 }
 
-/// What to tell the user when `berth pull` failed: its error (which names the
-/// image and what to do) without its progress lines, or how it ended when it
-/// said nothing (killed).
+/// What to tell the user when the pull helper ended without a reply
+/// (killed, or crashed): how it ended, and its last line on stderr.
 fn pull_failure(image: &str, status: std::process::ExitStatus, stderr: &str) -> String {
     use std::os::unix::process::ExitStatusExt;
-    // Progress lines come first; the error (possibly several lines) is last,
-    // from the first line that starts with `error: `.
-    let error = stderr
-        .match_indices("error: ")
-        .find(|(at, _)| *at == 0 || stderr[..*at].ends_with('\n'))
-        .map_or("", |(at, _)| stderr[at + "error: ".len()..].trim());
-    if !error.is_empty() {
-        if error.contains(image) {
-            return error.to_string();
-        }
-        return format!("cannot pull image '{image}': {error}");
-    }
     let how = match status.signal() {
         Some(signal) => format!(
             "was killed by signal {signal} ({})",
@@ -372,30 +270,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pull_failures_show_the_error_or_how_the_pull_ended() {
+    fn a_pull_without_a_reply_says_how_it_ended() {
         use std::os::unix::process::ExitStatusExt;
-        let output =
-            |raw: i32, stderr: &str| (std::process::ExitStatus::from_raw(raw), stderr.to_string());
-        let failed = output(
-            1 << 8,
-            "berth: resolving x\nberth: layer sha256:aa fetched\nerror: cannot fetch x: HTTP 500\n",
-        );
-        assert_eq!(
-            pull_failure("x", failed.0, &failed.1),
-            "cannot fetch x: HTTP 500"
-        );
-        let nested = output(1 << 8, "error: registry r down (io error: refused)\n");
-        assert_eq!(
-            pull_failure("img", nested.0, &nested.1),
-            "cannot pull image 'img': registry r down (io error: refused)"
-        );
-        let killed = output(9, "berth: resolving x\n");
-        let message = pull_failure("x", killed.0, &killed.1);
+        let killed = std::process::ExitStatus::from_raw(9);
+        let message = pull_failure("x", killed, "berth: resolving x\n");
         assert!(
             message.contains("killed by signal 9 (SIGKILL)")
                 && message.contains("'x'")
                 && message.contains("berth: resolving x"),
             "{message}"
         );
+        let failed = std::process::ExitStatus::from_raw(1 << 8);
+        let message = pull_failure("x", failed, "");
+        assert!(message.contains("failed with exit status: 1"), "{message}");
     }
 }

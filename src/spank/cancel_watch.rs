@@ -10,7 +10,7 @@
 //! step is over, interrupts the setup ([`crate::interrupt`]): the helper is
 //! killed, its temp files are swept by the next pull, the node stays up.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -93,6 +93,9 @@ fn watch(job: u32, interval: Duration, stop: &StopSignal) {
     }
 }
 
+/// The longest an `scontrol show job` may take.
+const SCONTROL_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// The job's state as slurmctld reports it, or `None` when it could not be
 /// asked (which never stops a setup).
 fn job_state(job: u32) -> Option<String> {
@@ -106,16 +109,20 @@ fn job_state(job: u32) -> Option<String> {
                 crate::slurm_commands::bin_dir_beside_stepd().as_deref(),
             ),
         )
-        .current_dir("/")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
+        .current_dir("/");
     if let Some(conf) = std::env::var_os("SLURM_CONF") {
         command.env("SLURM_CONF", conf);
     }
-    // As root: the job is visible whatever PrivateData says.
-    crate::privilege::run_as_full_root(&mut command);
-    let output = command.output().ok()?;
+    // As root: the job is visible whatever PrivateData says. This thread
+    // must not change the process's effective ids (`take_root: false`): the
+    // child becomes root by itself, and its alarm bounds a slurmctld that
+    // does not answer.
+    let options = crate::helper::Options {
+        limit: Some(SCONTROL_TIMEOUT),
+        take_root: false,
+        ..crate::helper::Options::default()
+    };
+    let output = crate::helper::run(&mut command, crate::helper::RunAs::FullRoot, options).ok()?;
     if !output.status.success() {
         return None;
     }

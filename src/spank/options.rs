@@ -8,7 +8,7 @@ use std::ffi::{c_char, c_int, CStr};
 use std::sync::Mutex;
 
 use super::ffi;
-use super::handle::{self, Spank, SpankError};
+use super::handle::{Spank, SpankError};
 use crate::config::parse_bool;
 use crate::container::spec::{parse_mounts, Namespace};
 use crate::named::ContainerName;
@@ -432,9 +432,16 @@ pub fn env_names(value: &str) -> Result<Vec<String>, String> {
     Ok(names)
 }
 
+/// The callback Slurm calls for each of berth's options, under the panic
+/// guard (a panic must not abort srun or slurmstepd).
 extern "C" fn option_callback(val: c_int, optarg: *const c_char, _remote: c_int) -> c_int {
+    super::plugin::guard("the option callback", || take_option(val, optarg))
+}
+
+/// Checks and stores the value of option number `val`.
+fn take_option(val: c_int, optarg: *const c_char) -> Result<(), String> {
     let Some(def) = usize::try_from(val - 1).ok().and_then(|i| TABLE.get(i)) else {
-        return -1;
+        return Err(format!("unknown option number {val}"));
     };
     let value = if optarg.is_null() {
         String::new()
@@ -445,17 +452,15 @@ extern "C" fn option_callback(val: c_int, optarg: *const c_char, _remote: c_int)
             .into_owned()
     };
     if def.arginfo.is_some() {
-        if let Err(reason) = check_value(def.setting, &value) {
-            // srun shows this before anything is allocated; slurmstepd logs it.
-            handle::log_error(&format!("{}={value}: {reason}", def.display_name));
-            return -1;
-        }
+        // srun shows this before anything is allocated; slurmstepd logs it.
+        check_value(def.setting, &value)
+            .map_err(|reason| format!("{}={value}: {reason}", def.display_name))?;
     }
     VALUES
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .set(def.setting, value);
-    0
+    Ok(())
 }
 
 #[cfg(test)]

@@ -40,11 +40,20 @@ pub fn config() -> &'static Config {
 
 /// Runs one callback body, turning errors and panics into a logged message
 /// and Slurm's error code (a panic must never unwind into Slurm).
-fn guard(callback: &str, body: impl FnOnce() -> Result<(), String>) -> c_int {
+pub(super) fn guard(callback: &str, body: impl FnOnce() -> Result<(), String>) -> c_int {
+    guard_logging(callback, body, handle::log_error)
+}
+
+/// [`guard`], logging through `log`.
+fn guard_logging(
+    callback: &str,
+    body: impl FnOnce() -> Result<(), String>,
+    log: impl Fn(&str),
+) -> c_int {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => 0,
         Ok(Err(message)) => {
-            handle::log_error(&message);
+            log(&message);
             -1
         }
         Err(panic) => {
@@ -53,7 +62,7 @@ fn guard(callback: &str, body: impl FnOnce() -> Result<(), String>) -> c_int {
                 .map(String::as_str)
                 .or_else(|| panic.downcast_ref::<&str>().copied())
                 .unwrap_or("unknown panic");
-            handle::log_error(&format!("internal error in {callback}: {what}"));
+            log(&format!("internal error in {callback}: {what}"));
             -1
         }
     }
@@ -208,4 +217,22 @@ pub extern "C" fn slurm_spank_exit(
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_in_a_callback_is_an_error_code_and_a_message() {
+        let logged = std::cell::RefCell::new(Vec::new());
+        let log = |m: &str| logged.borrow_mut().push(m.to_string());
+        assert_eq!(guard_logging("cb", || Ok(()), log), 0);
+        assert_eq!(guard_logging("cb", || Err("bad".into()), log), -1);
+        assert_eq!(
+            guard_logging("cb", || -> Result<(), String> { panic!("boom") }, log),
+            -1
+        );
+        assert_eq!(*logged.borrow(), ["bad", "internal error in cb: boom"]);
+    }
 }

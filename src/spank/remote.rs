@@ -22,6 +22,7 @@ use crate::container::entrypoint::EntrypointRun;
 use crate::container::save::{check_output, SaveRequest, SAVE_ARG};
 use crate::container::spec::{parse_mounts, ContainerSpec, MountSpec, Namespace, UserIdentity};
 use crate::container::{spawn_holder, task_env, Container, Mode};
+use crate::helper::PullSettings;
 use crate::image::ImageConfig;
 use crate::named::{ContainerName, NamedRoots};
 use crate::privilege::with_root;
@@ -666,10 +667,6 @@ pub(super) fn run_pull(
         }
         ImageSource::Registry(reference) => reference,
     };
-    let mut extra_args = config.shared_store_args();
-    if let Some(n) = config.registry_timeout {
-        extra_args.extend(["--registry-timeout".to_string(), n.to_string()]);
-    }
     let node = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_default();
@@ -681,13 +678,9 @@ pub(super) fn run_pull(
         store,
         image: &reference,
         pull_user: &config.pull_user,
-        insecure_registries: &config.insecure_registries,
-        mirrors: &config.mirrors,
-        registry_retries: config.registry_retries,
-        max_image_size: config.max_image_size,
-        progress: "lines",
+        settings: PullSettings::from_config(config),
+        progress_lines: true,
         cached_only,
-        extra_args,
         forward: Some((format!("{node}: {image}"), &show)),
     };
     let pulled = crate::puller::pull(&request, CredentialsFrom::User(requester))?;
