@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::{output_of, tool, wait_for, Cluster, Run};
+use common::{output_of, tool, wait_for, Cluster, Run, Submitter};
 
 /// The node every test here runs on, so that "cached on this node" holds.
 const NODE: &str = "node1";
@@ -517,14 +517,14 @@ fn store_content_belongs_to_the_pull_user() {
     let meta = std::fs::metadata(&store).unwrap();
     assert_eq!(
         (meta.uid(), meta.mode() & 0o777),
-        (0, 0o755),
+        (0, 0o711),
         "{}",
         store.display()
     );
     for area in ["blobs", "blobs/sha256", "images", "tmp", "locks"] {
         let m = std::fs::metadata(store.join(area)).unwrap();
         assert_eq!(m.uid(), pull_uid(), "{area} is not the pull user's");
-        assert_eq!(m.mode() & 0o022, 0, "{area} is writable by others");
+        assert_eq!(m.mode() & 0o777, 0o700, "{area} is open to others");
     }
     let image = store
         .join("images")
@@ -591,6 +591,128 @@ fn store_content_belongs_to_the_pull_user() {
         pull_uid(),
         "{squashfs}"
     );
+}
+
+/// Nothing in the node store can be read by users, not even by the user
+/// who pulled the image: no listing, no `meta.json`, no blob, no squashfs;
+/// a store path given as `--container-image` is refused (as the user and
+/// as root, also through a symlink); and a store left open by an older
+/// berth (0755) is closed again by the next step.
+#[test]
+fn the_node_store_is_unreadable_by_users() {
+    let Some((cluster, _turn)) = cluster_alone() else {
+        return;
+    };
+    let others = other_users(&cluster);
+    let repository = format!("private/{}", unique("unreadable"));
+    let (image, digest) = push_private(&cluster, "busybox:latest", &repository);
+    let (_base, _password, own) = own_enroot_credentials(&cluster);
+    let store =
+        Path::new(&cluster.var("BERTH_TEST_STATE_DIR")).join(format!("nodes/{NODE}/berth-store"));
+    // An older berth's modes: the next step must close them.
+    if store.is_dir() {
+        for dir in [store.clone(), store.join("images"), store.join("blobs")] {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+    }
+    let option = format!("--container-image={image}");
+    let ran = srun_as(
+        &cluster,
+        common::TEST_USER,
+        &[("ENROOT_CONFIG_PATH", own.path())],
+        &[&option, "true"],
+    );
+    ran.ok();
+    assert_eq!(
+        std::fs::metadata(&store).unwrap().mode() & 0o777,
+        0o711,
+        "the store root was not tightened"
+    );
+    let hex = digest.trim_start_matches("sha256:");
+    let folder = store.join("images").join(hex);
+    let sqfs = folder.join("image.sqfs");
+    let blob = std::fs::read_dir(store.join("blobs/sha256"))
+        .unwrap()
+        .next()
+        .expect("a blob in the store")
+        .unwrap()
+        .path();
+    for user in [common::TEST_USER, others[0].as_str()] {
+        for (what, script) in [
+            ("list the store", format!("ls {}", store.display())),
+            ("list images/", format!("ls {}/images", store.display())),
+            (
+                "list blobs/",
+                format!("ls {}/blobs/sha256", store.display()),
+            ),
+            (
+                "read meta.json",
+                format!("cat {}/meta.json", folder.display()),
+            ),
+            ("read the squashfs", format!("head -c4 {}", sqfs.display())),
+            ("read a blob", format!("head -c4 {}", blob.display())),
+        ] {
+            let out = output_of(
+                Command::new("runuser")
+                    .args(["-u", user, "--", "sh", "-c"])
+                    .arg(&script),
+            );
+            assert!(
+                !out.status.success() && out.stdout.is_empty(),
+                "{user} could {what}: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+    }
+    // The CLI: root lists the store, a user is told it is not theirs.
+    let berth = common::world_readable_copy(Path::new(env!("CARGO_BIN_EXE_berth")));
+    let listed = tool(
+        berth.to_str().unwrap(),
+        &["images", "--store", store.to_str().unwrap()],
+    );
+    assert!(listed.contains(&hex[..12]), "{listed}");
+    let out = output_of(
+        Command::new("runuser")
+            .args(["-u", common::TEST_USER, "--"])
+            .arg(&berth)
+            .args(["images", "--store", store.to_str().unwrap()]),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("is not yours") && out.stdout.is_empty(),
+        "{stderr}"
+    );
+    let by_path = format!("--container-image={}", sqfs.display());
+    for user in [common::TEST_USER, others[0].as_str()] {
+        let refused = srun_as(&cluster, user, &[], &[&by_path, "true"]).failed();
+        assert!(
+            refused.stderr.contains("inside the node's image store"),
+            "{user}: {}",
+            refused.stderr
+        );
+    }
+    // Root too, and through a link outside the store.
+    let link = Path::new(&cluster.var("BERTH_TEST_WORKDIR")).join(unique("store-link"));
+    std::os::unix::fs::symlink(&sqfs, &link).unwrap();
+    let by_link = format!("--container-image={}", link.display());
+    let refused = cluster
+        .srun(Submitter::Root, &["-N1", "-w", NODE, &by_link, "true"])
+        .failed();
+    let _ = std::fs::remove_file(&link);
+    assert!(
+        refused.stderr.contains("inside the node's image store"),
+        "{}",
+        refused.stderr
+    );
+    // The image itself still runs for its user, from the closed store.
+    let again = srun_as(
+        &cluster,
+        common::TEST_USER,
+        &[("ENROOT_CONFIG_PATH", own.path())],
+        &[&option, "id", "-u"],
+    )
+    .ok();
+    assert_eq!(again.stdout.trim(), uid_of(common::TEST_USER).to_string());
 }
 
 /// A squashfs file given by path is mounted only if the job's user could
