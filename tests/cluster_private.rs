@@ -872,6 +872,136 @@ fn other_users_cannot_touch_container_tasks() {
     assert!(alive, "the task did not survive the other user's attempts");
 }
 
+/// The container's user namespace denies `setgroups`: a process of the
+/// user that joins it (`nsenter --user`, which needs nothing but being the
+/// user) cannot drop a supplementary group to get past a "group may not
+/// read" mode, with and without remap-root; the groups still count inside.
+#[test]
+fn the_user_namespace_denies_setgroups() {
+    let Some((cluster, _turn)) = cluster_alone() else {
+        return;
+    };
+    let gid = tool("getent", &["group", "berthgrp"])
+        .split(':')
+        .nth(2)
+        .expect("berthgrp's gid")
+        .to_string();
+    let dir = tempfile::Builder::new()
+        .prefix("berth-groups-")
+        .tempdir_in(cluster.var("BERTH_TEST_WORKDIR"))
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let file = dir.path().join("group-only");
+    std::fs::write(&file, "for berthgrp\n").unwrap();
+    std::os::unix::fs::chown(&file, Some(0), Some(gid.parse().unwrap())).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let image = format!("--container-image={}", cluster.image("busybox:latest"));
+    let mounts = format!("--container-mounts={}:/group-only:ro", file.display());
+    for remap in [false, true] {
+        let job = unique("berth-setgroups");
+        let mut args = vec![image.as_str(), mounts.as_str()];
+        if remap {
+            args.push("--container-remap-root");
+        }
+        // Inside: the group is there and lets the task read the file.
+        let mut inside = args.clone();
+        inside.extend(["sh", "-c", "id -G; cat /group-only"]);
+        let ran = srun_as(&cluster, common::TEST_USER, &[], &inside).ok();
+        assert!(
+            ran.stdout.split_whitespace().any(|g| g == gid) && ran.stdout.contains("for berthgrp"),
+            "remap {remap}: {}",
+            ran.stdout
+        );
+        let mut srun = Command::new("runuser");
+        srun.args([
+            "-u",
+            common::TEST_USER,
+            "--",
+            "timeout",
+            "300",
+            "srun",
+            "-N1",
+            "-w",
+            NODE,
+        ])
+        .arg(format!("--job-name={job}"))
+        .args(&args)
+        .args(["sleep", "317"])
+        .current_dir(cluster.var("BERTH_TEST_WORKDIR"))
+        .env("SLURM_CONF", cluster.var("SLURM_CONF"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+        let mut child = srun.spawn().unwrap();
+        struct Cancel(String, String);
+        impl Drop for Cancel {
+            fn drop(&mut self) {
+                let _ = Command::new("scancel")
+                    .args(["--name", &self.0])
+                    .env("SLURM_CONF", &self.1)
+                    .status();
+            }
+        }
+        let cancel = Cancel(job.clone(), cluster.var("SLURM_CONF"));
+        let user = uid_of(common::TEST_USER);
+        let find = || {
+            std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+                let pid = e.file_name().to_string_lossy().into_owned();
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+                let uid = e.metadata().ok()?.uid();
+                let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+                let sleeping = args.len() >= 2 && args[0].ends_with(b"sleep") && args[1] == b"317";
+                (sleeping && uid == user).then_some(pid)
+            })
+        };
+        let mut pid = None;
+        assert!(
+            wait_for(Duration::from_secs(60), || {
+                pid = find();
+                pid.is_some()
+            }),
+            "the containerized sleep never started"
+        );
+        let pid = pid.unwrap();
+        let join = |command: &str| {
+            let out = output_of(
+                Command::new("runuser")
+                    .args(["-u", common::TEST_USER, "--"])
+                    .args([
+                        "nsenter",
+                        "-t",
+                        &pid,
+                        "--user",
+                        "--preserve-credentials",
+                        "--",
+                        "sh",
+                        "-c",
+                        command,
+                    ]),
+            );
+            (
+                out.status.success(),
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            )
+        };
+        let (joined, groups) = join("id -G");
+        let (dropped, output) = join("setpriv --clear-groups id -G && echo DROPPED");
+        drop(cancel);
+        let _ = child.wait();
+        assert!(
+            joined && groups.split_whitespace().any(|g| g == gid),
+            "remap {remap}: {groups}"
+        );
+        assert!(
+            !dropped && !output.contains("DROPPED") && output.contains("setgroups"),
+            "remap {remap}: a joined process dropped its groups: {output}"
+        );
+    }
+}
+
 /// `--max-image-size` and `max_image_size` in the config file stop an image
 /// that expands beyond them, with an error naming the setting.
 #[test]
