@@ -100,6 +100,47 @@ fn entrypoint_runs_only_when_asked_and_keeps_the_exit_code() {
     }
 }
 
+/// The ENTRYPOINT runs with no_new_privs, and neither its background job
+/// nor a daemon it double-forked is still running when the tasks start
+/// (`busybox:entrypoint-daemon`), as root and as the user.
+#[test]
+fn entrypoint_has_no_new_privs_and_leaves_nothing_running() {
+    let cluster = cluster_or_skip!();
+    let image = format!(
+        "--container-image={}",
+        cluster.image("busybox:entrypoint-daemon")
+    );
+    // Counts the entrypoint's sleeps among all processes of the node.
+    let count = "for c in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $c; echo; done 2>/dev/null \
+                 | grep -c '^sleep 471[12] ' | sed s/^/left=/";
+    for who in BOTH {
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    "-N1",
+                    &image,
+                    "--container-entrypoint",
+                    "--container-entrypoint-log",
+                    "sh",
+                    "-c",
+                    count,
+                ],
+            )
+            .ok();
+        let all = format!("{}{}", run.stdout, run.stderr);
+        assert!(
+            all.lines()
+                .any(|l| l.contains("NoNewPrivs:") && l.trim_end().ends_with('1')),
+            "{who:?}: the entrypoint ran without no_new_privs:\n{all}"
+        );
+        assert!(
+            run.stdout.lines().any(|l| l == "left=0"),
+            "{who:?}: what the entrypoint started is still running:\n{all}"
+        );
+    }
+}
+
 #[test]
 fn entrypoint_log_is_shown_when_asked() {
     let cluster = cluster_or_skip!();

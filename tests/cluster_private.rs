@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::{output_of, tool, wait_for, Cluster, Run};
+use common::{output_of, tool, wait_for, Cluster, Run, Submitter};
 
 /// The node every test here runs on, so that "cached on this node" holds.
 const NODE: &str = "node1";
@@ -560,14 +560,14 @@ fn store_content_belongs_to_the_pull_user() {
     let meta = std::fs::metadata(&store).unwrap();
     assert_eq!(
         (meta.uid(), meta.mode() & 0o777),
-        (0, 0o755),
+        (0, 0o711),
         "{}",
         store.display()
     );
     for area in ["blobs", "blobs/sha256", "images", "tmp", "locks"] {
         let m = std::fs::metadata(store.join(area)).unwrap();
         assert_eq!(m.uid(), pull_uid(), "{area} is not the pull user's");
-        assert_eq!(m.mode() & 0o022, 0, "{area} is writable by others");
+        assert_eq!(m.mode() & 0o777, 0o700, "{area} is open to others");
     }
     let image = store
         .join("images")
@@ -634,6 +634,128 @@ fn store_content_belongs_to_the_pull_user() {
         pull_uid(),
         "{squashfs}"
     );
+}
+
+/// Nothing in the node store can be read by users, not even by the user
+/// who pulled the image: no listing, no `meta.json`, no blob, no squashfs;
+/// a store path given as `--container-image` is refused (as the user and
+/// as root, also through a symlink); and a store left open by an older
+/// berth (0755) is closed again by the next step.
+#[test]
+fn the_node_store_is_unreadable_by_users() {
+    let Some((cluster, _turn)) = cluster_alone() else {
+        return;
+    };
+    let others = other_users(&cluster);
+    let repository = format!("private/{}", unique("unreadable"));
+    let (image, digest) = push_private(&cluster, "busybox:latest", &repository);
+    let (_base, _password, own) = own_enroot_credentials(&cluster);
+    let store =
+        Path::new(&cluster.var("BERTH_TEST_STATE_DIR")).join(format!("nodes/{NODE}/berth-store"));
+    // An older berth's modes: the next step must close them.
+    if store.is_dir() {
+        for dir in [store.clone(), store.join("images"), store.join("blobs")] {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+    }
+    let option = format!("--container-image={image}");
+    let ran = srun_as(
+        &cluster,
+        common::TEST_USER,
+        &[("ENROOT_CONFIG_PATH", own.path())],
+        &[&option, "true"],
+    );
+    ran.ok();
+    assert_eq!(
+        std::fs::metadata(&store).unwrap().mode() & 0o777,
+        0o711,
+        "the store root was not tightened"
+    );
+    let hex = digest.trim_start_matches("sha256:");
+    let folder = store.join("images").join(hex);
+    let sqfs = folder.join("image.sqfs");
+    let blob = std::fs::read_dir(store.join("blobs/sha256"))
+        .unwrap()
+        .next()
+        .expect("a blob in the store")
+        .unwrap()
+        .path();
+    for user in [common::TEST_USER, others[0].as_str()] {
+        for (what, script) in [
+            ("list the store", format!("ls {}", store.display())),
+            ("list images/", format!("ls {}/images", store.display())),
+            (
+                "list blobs/",
+                format!("ls {}/blobs/sha256", store.display()),
+            ),
+            (
+                "read meta.json",
+                format!("cat {}/meta.json", folder.display()),
+            ),
+            ("read the squashfs", format!("head -c4 {}", sqfs.display())),
+            ("read a blob", format!("head -c4 {}", blob.display())),
+        ] {
+            let out = output_of(
+                Command::new("runuser")
+                    .args(["-u", user, "--", "sh", "-c"])
+                    .arg(&script),
+            );
+            assert!(
+                !out.status.success() && out.stdout.is_empty(),
+                "{user} could {what}: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+    }
+    // The CLI: root lists the store, a user is told it is not theirs.
+    let berth = common::world_readable_copy(Path::new(env!("CARGO_BIN_EXE_berth")));
+    let listed = tool(
+        berth.to_str().unwrap(),
+        &["images", "--store", store.to_str().unwrap()],
+    );
+    assert!(listed.contains(&hex[..12]), "{listed}");
+    let out = output_of(
+        Command::new("runuser")
+            .args(["-u", common::TEST_USER, "--"])
+            .arg(&berth)
+            .args(["images", "--store", store.to_str().unwrap()]),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("is not yours") && out.stdout.is_empty(),
+        "{stderr}"
+    );
+    let by_path = format!("--container-image={}", sqfs.display());
+    for user in [common::TEST_USER, others[0].as_str()] {
+        let refused = srun_as(&cluster, user, &[], &[&by_path, "true"]).failed();
+        assert!(
+            refused.stderr.contains("inside the node's image store"),
+            "{user}: {}",
+            refused.stderr
+        );
+    }
+    // Root too, and through a link outside the store.
+    let link = Path::new(&cluster.var("BERTH_TEST_WORKDIR")).join(unique("store-link"));
+    std::os::unix::fs::symlink(&sqfs, &link).unwrap();
+    let by_link = format!("--container-image={}", link.display());
+    let refused = cluster
+        .srun(Submitter::Root, &["-N1", "-w", NODE, &by_link, "true"])
+        .failed();
+    let _ = std::fs::remove_file(&link);
+    assert!(
+        refused.stderr.contains("inside the node's image store"),
+        "{}",
+        refused.stderr
+    );
+    // The image itself still runs for its user, from the closed store.
+    let again = srun_as(
+        &cluster,
+        common::TEST_USER,
+        &[("ENROOT_CONFIG_PATH", own.path())],
+        &[&option, "id", "-u"],
+    )
+    .ok();
+    assert_eq!(again.stdout.trim(), uid_of(common::TEST_USER).to_string());
 }
 
 /// A squashfs file given by path is mounted only if the job's user could
@@ -791,6 +913,136 @@ fn other_users_cannot_touch_container_tasks() {
         "ptrace attach (EPERM expected): {ptrace}"
     );
     assert!(alive, "the task did not survive the other user's attempts");
+}
+
+/// The container's user namespace denies `setgroups`: a process of the
+/// user that joins it (`nsenter --user`, which needs nothing but being the
+/// user) cannot drop a supplementary group to get past a "group may not
+/// read" mode, with and without remap-root; the groups still count inside.
+#[test]
+fn the_user_namespace_denies_setgroups() {
+    let Some((cluster, _turn)) = cluster_alone() else {
+        return;
+    };
+    let gid = tool("getent", &["group", "berthgrp"])
+        .split(':')
+        .nth(2)
+        .expect("berthgrp's gid")
+        .to_string();
+    let dir = tempfile::Builder::new()
+        .prefix("berth-groups-")
+        .tempdir_in(cluster.var("BERTH_TEST_WORKDIR"))
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let file = dir.path().join("group-only");
+    std::fs::write(&file, "for berthgrp\n").unwrap();
+    std::os::unix::fs::chown(&file, Some(0), Some(gid.parse().unwrap())).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let image = format!("--container-image={}", cluster.image("busybox:latest"));
+    let mounts = format!("--container-mounts={}:/group-only:ro", file.display());
+    for remap in [false, true] {
+        let job = unique("berth-setgroups");
+        let mut args = vec![image.as_str(), mounts.as_str()];
+        if remap {
+            args.push("--container-remap-root");
+        }
+        // Inside: the group is there and lets the task read the file.
+        let mut inside = args.clone();
+        inside.extend(["sh", "-c", "id -G; cat /group-only"]);
+        let ran = srun_as(&cluster, common::TEST_USER, &[], &inside).ok();
+        assert!(
+            ran.stdout.split_whitespace().any(|g| g == gid) && ran.stdout.contains("for berthgrp"),
+            "remap {remap}: {}",
+            ran.stdout
+        );
+        let mut srun = Command::new("runuser");
+        srun.args([
+            "-u",
+            common::TEST_USER,
+            "--",
+            "timeout",
+            "300",
+            "srun",
+            "-N1",
+            "-w",
+            NODE,
+        ])
+        .arg(format!("--job-name={job}"))
+        .args(&args)
+        .args(["sleep", "317"])
+        .current_dir(cluster.var("BERTH_TEST_WORKDIR"))
+        .env("SLURM_CONF", cluster.var("SLURM_CONF"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+        let mut child = srun.spawn().unwrap();
+        struct Cancel(String, String);
+        impl Drop for Cancel {
+            fn drop(&mut self) {
+                let _ = Command::new("scancel")
+                    .args(["--name", &self.0])
+                    .env("SLURM_CONF", &self.1)
+                    .status();
+            }
+        }
+        let cancel = Cancel(job.clone(), cluster.var("SLURM_CONF"));
+        let user = uid_of(common::TEST_USER);
+        let find = || {
+            std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+                let pid = e.file_name().to_string_lossy().into_owned();
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+                let uid = e.metadata().ok()?.uid();
+                let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+                let sleeping = args.len() >= 2 && args[0].ends_with(b"sleep") && args[1] == b"317";
+                (sleeping && uid == user).then_some(pid)
+            })
+        };
+        let mut pid = None;
+        assert!(
+            wait_for(Duration::from_secs(60), || {
+                pid = find();
+                pid.is_some()
+            }),
+            "the containerized sleep never started"
+        );
+        let pid = pid.unwrap();
+        let join = |command: &str| {
+            let out = output_of(
+                Command::new("runuser")
+                    .args(["-u", common::TEST_USER, "--"])
+                    .args([
+                        "nsenter",
+                        "-t",
+                        &pid,
+                        "--user",
+                        "--preserve-credentials",
+                        "--",
+                        "sh",
+                        "-c",
+                        command,
+                    ]),
+            );
+            (
+                out.status.success(),
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            )
+        };
+        let (joined, groups) = join("id -G");
+        let (dropped, output) = join("setpriv --clear-groups id -G && echo DROPPED");
+        drop(cancel);
+        let _ = child.wait();
+        assert!(
+            joined && groups.split_whitespace().any(|g| g == gid),
+            "remap {remap}: {groups}"
+        );
+        assert!(
+            !dropped && !output.contains("DROPPED") && output.contains("setgroups"),
+            "remap {remap}: a joined process dropped its groups: {output}"
+        );
+    }
 }
 
 /// `--max-image-size` and `max_image_size` in the config file stop an image

@@ -63,8 +63,11 @@ pub struct EntrypointOutcome {
 /// Runs `run.command` followed by [`STOP_COMMAND`] in the current process's
 /// root and working directory (the holder, inside the container, as the
 /// user), waits until the stop shell has stopped, reads its environment,
-/// and lets it exit. Processes the entrypoint left in the background keep
-/// running, as with pyxis.
+/// and lets it exit. The entrypoint runs with `no_new_privs`, like every
+/// other process of the container; processes it left in the background
+/// (daemons included: the holder is their subreaper) are killed once its
+/// environment is read, so nothing it started outlives the container's
+/// creation.
 ///
 /// Fails when the entrypoint exits before running its arguments, or takes
 /// longer than [`START_TIMEOUT`]; the error carries the entrypoint's output.
@@ -106,6 +109,10 @@ fn run_with_timeout(
     unsafe {
         command.pre_exec(move || die_with_parent(holder));
     }
+    // SAFETY: the closure makes one raw syscall (prctl).
+    unsafe {
+        command.pre_exec(no_new_privs);
+    }
     if remap_root {
         // SAFETY: the closure makes one raw syscall (seccomp); the holder is
         // single-threaded.
@@ -114,6 +121,23 @@ fn run_with_timeout(
         }
     }
     let shown = run.command.join(" ");
+    // Orphans of the entrypoint (a daemon's double fork) become the holder's
+    // children, so they can be found and killed below. Only in a
+    // single-threaded caller (the holder): another thread's children (the
+    // unit tests') are not the entrypoint's.
+    let reaper = single_threaded();
+    let before = children_of(holder);
+    // SAFETY: prctl with integer arguments.
+    if reaper && unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .context("cannot make the container helper a child subreaper");
+    }
+    let leftovers = |pid: Pid| {
+        let _ = killpg(pid, Signal::SIGKILL);
+        if reaper {
+            kill_leftovers(holder, &before);
+        }
+    };
     let child = command
         .spawn()
         .with_context(|| format!("cannot start the image ENTRYPOINT '{shown}'"))?;
@@ -123,6 +147,7 @@ fn run_with_timeout(
     let failure = |reason: String| {
         let _ = killpg(pid, Signal::SIGKILL);
         let _ = waitpid(pid, None);
+        leftovers(pid);
         anyhow::anyhow!(
             "the image ENTRYPOINT '{shown}' {reason} (run without it with \
              --no-container-entrypoint){}",
@@ -142,6 +167,7 @@ fn run_with_timeout(
         .map_err(|err| failure(format!("stopped, but its environment is unreadable: {err}")))?;
     let _ = kill(pid, Signal::SIGCONT);
     let _ = waitpid(pid, None);
+    leftovers(pid);
     let captured = parse_environ(&environ);
     let (set, unset) = env_changes(&run.env, &captured);
     Ok(EntrypointOutcome {
@@ -149,6 +175,70 @@ fn run_with_timeout(
         unset,
         log: output,
     })
+}
+
+/// Sets `no_new_privs`: no set-id bit or file capability of the image gives
+/// the entrypoint more than the user has. Runs between fork and exec.
+fn no_new_privs() -> std::io::Result<()> {
+    // SAFETY: prctl with integer arguments; no memory is passed.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether this process has one thread (`Threads:` of `/proc/self/status`).
+fn single_threaded() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
+        status
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["Threads:", "1"])
+    })
+}
+
+/// The pids whose parent is `parent` (from `/proc/PID/stat`).
+fn children_of(parent: libc::pid_t) -> Vec<libc::pid_t> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| parent_in_stat(&stat))
+                == Some(parent)
+        })
+        .collect()
+}
+
+/// The parent pid in the text of `/proc/PID/stat` (the field after the
+/// state, which follows the command name's closing parenthesis).
+fn parent_in_stat(stat: &str) -> Option<libc::pid_t> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Kills and reaps every child of `holder` but those in `keep`, until none
+/// is left: what the entrypoint started, and their orphans, which the
+/// subreaper receives as their parents die.
+fn kill_leftovers(holder: libc::pid_t, keep: &[libc::pid_t]) {
+    for _ in 0..1000 {
+        let left: Vec<_> = children_of(holder)
+            .into_iter()
+            .filter(|pid| !keep.contains(pid))
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        for pid in &left {
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+        }
+        for pid in &left {
+            let _ = waitpid(Pid::from_raw(*pid), None);
+        }
+    }
 }
 
 /// Asks for SIGKILL when the parent `parent` exits; fails if it is already
@@ -307,6 +397,36 @@ mod tests {
             ],
         };
         run_with_timeout(&run, false, timeout)
+    }
+
+    /// The entrypoint runs with no_new_privs, and a job it left in the
+    /// background is killed once the container is made.
+    #[test]
+    fn entrypoint_has_no_new_privs_and_leaves_nothing_running() {
+        let mark = format!("{}", 4_000_000 + std::process::id());
+        let outcome = run_script(
+            &format!("grep NoNewPrivs /proc/self/status; sleep {mark} & exec \"$@\""),
+            START_TIMEOUT,
+        )
+        .unwrap();
+        assert!(outcome.log.contains("NoNewPrivs:\t1"), "{}", outcome.log);
+        let running = || {
+            std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+                std::fs::read(e.path().join("cmdline"))
+                    .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == mark.as_bytes()))
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while running() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!running(), "the entrypoint's background job outlived it");
+    }
+
+    #[test]
+    fn stat_parent_is_read_after_the_name() {
+        assert_eq!(parent_in_stat("42 (a) b) S 7 42 42 0"), Some(7));
+        assert_eq!(parent_in_stat("garbage"), None);
     }
 
     #[test]

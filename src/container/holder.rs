@@ -172,7 +172,8 @@ fn mount_image_with_loop_device(spec: &ContainerSpec) -> anyhow::Result<PathBuf>
     let staging = enter_private_staging()?;
     let paths = prepare_staging(staging)?;
     {
-        let device = LoopDevice::attach_read_only(&spec.squashfs, &spec.user)?;
+        let reader = spec.image_reader.as_ref().unwrap_or(&spec.user);
+        let device = LoopDevice::attach_read_only(&spec.squashfs, reader)?;
         mounts::mount_squashfs(device.path(), &spec.squashfs, &paths.lower)?;
         // Dropping `device` closes it: the mount keeps it busy, autoclear
         // frees it with the last unmount.

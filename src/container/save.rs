@@ -46,6 +46,10 @@ pub struct SaveRequest {
     pub gid: u32,
     /// All their groups.
     pub groups: Vec<u32>,
+    /// Who opens `squashfs` (see `ContainerSpec::image_reader`); `None`:
+    /// the user above.
+    #[serde(default)]
+    pub image_reader: Option<UserIdentity>,
 }
 
 /// Checks, as the calling user, that `output` can be written: an absolute
@@ -135,6 +139,7 @@ pub fn save(request: &SaveRequest) -> Result<()> {
             shell: String::new(),
             group_names: Default::default(),
         };
+        let reader = request.image_reader.clone().unwrap_or(reader);
         let device = LoopDevice::attach_read_only(&request.squashfs, &reader)?;
         mounts::mount_squashfs(device.path(), &request.squashfs, &lower)?;
     }

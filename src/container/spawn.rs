@@ -248,8 +248,12 @@ fn hand_over_channel(fd: RawFd) -> std::io::Result<()> {
 /// Privileged: the uid, and the primary and every supplementary group, each
 /// mapped to itself, one line each; never a range, and never 0 unless the
 /// user is root (a user who became uid 0 inside must not own host root's
-/// files). Unprivileged: the kernel allows only the caller's own uid and gid,
-/// with setgroups denied.
+/// files). Unprivileged: the kernel allows only the caller's own uid and gid.
+///
+/// `setgroups` is denied in both: the groups the holder took before
+/// `unshare` stay, and no process of the user that joins the namespace
+/// (where it has every capability) can drop one to get past a mode or ACL
+/// that shuts that group out.
 ///
 /// With `remap_root`, uid 0 and gid 0 inside are the user's uid and primary
 /// gid (never host root's unless the user is root); the other groups keep
@@ -269,7 +273,7 @@ pub(crate) fn id_maps(
                 .filter(|gid| *gid != 0 || user.uid == 0)
                 .map(|gid| format!("{} {gid} 1\n", inside(gid, user.gid)))
                 .collect();
-            (uid_map, "allow", gid_map)
+            (uid_map, "deny", gid_map)
         }
         Mode::Unprivileged => {
             let gid_map = format!("{} {} 1\n", inside(user.gid, user.gid), user.gid);
@@ -359,7 +363,7 @@ mod tests {
             false,
         );
         assert_eq!(uid_map, "1001 1001 1\n");
-        assert_eq!(setgroups, "allow");
+        assert_eq!(setgroups, "deny");
         assert_eq!(gid_map, "1002 1002 1\n1001 1001 1\n27 27 1\n");
     }
 
@@ -381,7 +385,7 @@ mod tests {
         let (uid_map, setgroups, gid_map) =
             id_maps(&user(1001, 1002, vec![1002, 27]), Mode::Privileged, true);
         assert_eq!(uid_map, "0 1001 1\n");
-        assert_eq!(setgroups, "allow");
+        assert_eq!(setgroups, "deny");
         assert_eq!(gid_map, "0 1002 1\n27 27 1\n");
         let (uid_map, setgroups, gid_map) =
             id_maps(&user(1001, 1002, vec![1002]), Mode::Unprivileged, true);

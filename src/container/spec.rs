@@ -62,6 +62,11 @@ pub struct ContainerSpec {
     /// a tmpfs that vanishes with the container. Privileged mode only.
     #[serde(default)]
     pub upper_dir: Option<PathBuf>,
+    /// Who opens `squashfs` for the loop mount: the pull user for an image
+    /// of the node store (which ordinary users cannot read); `None`: the
+    /// container's user (a squashfs file the user gave).
+    #[serde(default)]
+    pub image_reader: Option<UserIdentity>,
     /// Host libraries, GPUs and devices added to the container
     /// (`--container-mpi`, the step's GPUs; see [`crate::inject`]).
     #[serde(default)]
@@ -130,6 +135,7 @@ impl ContainerSpec {
             remap_root: false,
             entrypoint: None,
             upper_dir: None,
+            image_reader: None,
             injection: Default::default(),
         }
     }

@@ -5,7 +5,8 @@ use std::fmt;
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -110,7 +111,11 @@ pub fn send(request: &SendRequest) -> Result<SendReport> {
     let t = Instant::now();
     // The squashfs first: a receiver that sees the statement has it whole.
     if let Some(squashfs) = squashfs {
-        failed.extend(sbcast(request, &squashfs, &files.squashfs())?);
+        // The job's user cannot read the store: sbcast reads the file
+        // through a descriptor root opened (the user may read this image:
+        // this node checked it with the registry).
+        let file = open_store_file(&squashfs)?;
+        failed.extend(sbcast_file(request, &file, &squashfs, &files.squashfs())?);
     }
     failed.extend(sbcast(request, &out, &files.statement())?);
     let sbcast_s = t.elapsed().as_secs_f64();
@@ -141,6 +146,38 @@ fn write_new(path: &Path, bytes: &[u8]) -> Result<()> {
         .with_context(|| format!("cannot write {}", path.display()))
 }
 
+/// Opens a file of the store (as root) to hand to `sbcast`: never through a
+/// link, never blocking, and it must be a regular file.
+fn open_store_file(path: &Path) -> Result<fs::File> {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    let meta = file
+        .metadata()
+        .with_context(|| format!("cannot stat {}", path.display()))?;
+    if !meta.is_file() {
+        bail!("{} is not a regular file", path.display());
+    }
+    Ok(file)
+}
+
+/// [`sbcast`] of an open file: the child gets the descriptor (close-on-exec
+/// cleared after fork) and reads `/proc/self/fd/N`.
+fn sbcast_file(
+    request: &SendRequest,
+    file: &fs::File,
+    shown: &Path,
+    dest: &Path,
+) -> Result<Vec<String>> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    let source = PathBuf::from(format!("/proc/self/fd/{fd}"));
+    sbcast_with(request, &source, dest, Some(fd))
+        .with_context(|| format!("cannot send {}", shown.display()))
+}
+
 fn slurm_env<'a>(command: &'a mut Command, request: &SendRequest) -> &'a mut Command {
     command
         .env_clear()
@@ -162,6 +199,16 @@ fn slurm_env<'a>(command: &'a mut Command, request: &SendRequest) -> &'a mut Com
 /// Returns the nodes that did not get the file; fails when `sbcast` itself
 /// could not run or reach Slurm.
 fn sbcast(request: &SendRequest, source: &Path, dest: &Path) -> Result<Vec<String>> {
+    sbcast_with(request, source, dest, None)
+}
+
+/// [`sbcast`]; `inherit` is a descriptor the child keeps across `exec`.
+fn sbcast_with(
+    request: &SendRequest,
+    source: &Path,
+    dest: &Path,
+    inherit: Option<std::os::fd::RawFd>,
+) -> Result<Vec<String>> {
     let mut missing = Vec::new();
     for attempt in 1..=SBCAST_TRIES {
         let mut command = Command::new("sbcast");
@@ -174,6 +221,19 @@ fn sbcast(request: &SendRequest, source: &Path, dest: &Path) -> Result<Vec<Strin
         // The job's user, `no_new_privs`: sbcast needs no privilege of its own.
         let (uid, gid) = (request.user.uid, request.user.gid);
         crate::privilege::run_as_user(&mut command, uid, gid, vec![gid]);
+        if let Some(fd) = inherit {
+            // SAFETY: the closure only makes a raw fcntl system call (no
+            // allocation), which is async-signal-safe after fork.
+            unsafe {
+                command.pre_exec(move || {
+                    // SAFETY: fcntl on a descriptor this process owns.
+                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         let output = command
             .output()
             .context("cannot run sbcast (is Slurm's client installed on this node?)")?;

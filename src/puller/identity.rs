@@ -52,6 +52,21 @@ impl PullUser {
             gid: user.gid.as_raw(),
         })
     }
+
+    /// The pull user as a file-system identity (no supplementary groups, as
+    /// the puller runs): root opens the store's images with it, so only what
+    /// the pull user itself could read is ever mounted.
+    pub fn identity(&self) -> crate::container::spec::UserIdentity {
+        crate::container::spec::UserIdentity {
+            uid: self.uid,
+            gid: self.gid,
+            groups: vec![self.gid],
+            name: self.name.clone(),
+            home: "/".to_string(),
+            shell: "/bin/sh".to_string(),
+            group_names: Default::default(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,11 +1,14 @@
 //! Who owns what in a node store: the store root and the named-container
 //! area are root's; the image-content areas (`blobs/`, `images/`, `tmp/`,
 //! `locks/`) belong to the pull user, who alone writes them. Ordinary users
-//! can write nothing.
+//! can neither write nor read anything: the store root is mode 0711 (entered,
+//! never listed: the pull user and the default fan-out folder `fanout/` need
+//! to pass through it) and every content area 0700, so private images, their
+//! blobs and `meta.json` stay out of reach.
 //!
-//! A store made by an older berth (everything root's) is adopted on first
-//! use: the content areas are handed to the pull user, symlinks never
-//! followed.
+//! A store made by an older berth (everything root's, or folders 0755) is
+//! adopted on first use: the content areas are handed to the pull user,
+//! symlinks never followed, and the folders' modes tightened.
 
 use std::fs;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
@@ -19,24 +22,28 @@ use super::PullUser;
 
 /// The content areas the pull user owns, with their modes, parents first.
 pub const CONTENT_DIRS: &[(&str, u32)] = &[
-    ("blobs", 0o755),
-    ("blobs/sha256", 0o755),
-    ("images", 0o755),
+    ("blobs", 0o700),
+    ("blobs/sha256", 0o700),
+    ("images", 0o700),
     ("tmp", 0o700),
-    ("locks", 0o755),
+    ("locks", 0o700),
     // A shared store's pull leases and outdated images (`store_shared`).
-    ("leases", 0o755),
-    ("retired", 0o755),
+    ("leases", 0o700),
+    ("retired", 0o700),
 ];
 
+/// The store root's mode: entered by everyone, listed by root only.
+pub const ROOT_MODE: u32 = 0o711;
+
 /// Makes `root` a store the pull user can fill (as root): the root folder
-/// root's, mode 0755; the content areas the pull user's, adopting those an
-/// older berth made as root. Returns the areas it adopted.
+/// root's, mode [`ROOT_MODE`]; the content areas the pull user's, mode 0700,
+/// adopting (and tightening) those an older berth made. Returns the areas it
+/// adopted.
 pub fn prepare_store(root: &Path, user: &PullUser) -> Result<Vec<PathBuf>> {
     if !root.is_dir() {
         fs::DirBuilder::new()
             .recursive(true)
-            .mode(0o755)
+            .mode(ROOT_MODE)
             .create(root)
             .with_context(|| {
                 format!(
@@ -44,19 +51,28 @@ pub fn prepare_store(root: &Path, user: &PullUser) -> Result<Vec<PathBuf>> {
                     root.display()
                 )
             })?;
-        fs::set_permissions(root, fs::Permissions::from_mode(0o755))
-            .with_context(|| format!("cannot set the mode of {}", root.display()))?;
     }
     let meta = fs::symlink_metadata(root)
         .with_context(|| format!("cannot read the image store {}", root.display()))?;
     if meta.uid() != 0 || meta.mode() & 0o022 != 0 {
         bail!(
             "the image store {} is owned by uid {} with mode {:o}: it must be root's and \
-             writable only by root (chown root: {0}; chmod 755 {0})",
+             writable only by root (chown root: {0}; chmod 711 {0})",
             root.display(),
             meta.uid(),
             meta.mode() & 0o7777
         );
+    }
+    if !meta.is_dir() {
+        bail!(
+            "the image store {} is not a folder: check store_path",
+            root.display()
+        );
+    }
+    // Tightens a store made by an older berth (0755): users may pass, not list.
+    if meta.mode() & 0o7777 != ROOT_MODE {
+        fs::set_permissions(root, fs::Permissions::from_mode(ROOT_MODE))
+            .with_context(|| format!("cannot set the mode of {}", root.display()))?;
     }
     check_reachable(root, user)?;
     let mut adopted = Vec::new();
@@ -67,9 +83,12 @@ pub fn prepare_store(root: &Path, user: &PullUser) -> Result<Vec<PathBuf>> {
                 "{} is not a folder: move it away so that berth can make the store's {name} area",
                 dir.display()
             ),
-            Ok(m) if m.uid() == user.uid && m.gid() == user.gid => continue,
-            Ok(_) => {
+            Ok(m) if m.uid() == user.uid && m.gid() == user.gid => {
+                tighten(&dir, m.mode(), *mode)?;
+            }
+            Ok(m) => {
                 chown_tree(&dir, user)?;
+                tighten(&dir, m.mode(), *mode)?;
                 adopted.push(dir.clone());
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -86,6 +105,17 @@ pub fn prepare_store(root: &Path, user: &PullUser) -> Result<Vec<PathBuf>> {
         }
     }
     Ok(adopted)
+}
+
+/// Sets `dir`'s mode to `mode` when it is not that already (`dir` is a
+/// folder in root's store root, which only root can change, so the path
+/// cannot have been swapped for a link).
+fn tighten(dir: &Path, current: u32, mode: u32) -> Result<()> {
+    if current & 0o7777 == mode {
+        return Ok(());
+    }
+    fs::set_permissions(dir, fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot set the mode of {}", dir.display()))
 }
 
 /// The uid owning `root`'s content areas when it is a pull-user store
@@ -236,6 +266,6 @@ mod tests {
         fs::create_dir(&open).unwrap();
         fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
         let e = prepare_store(&open, &nobody()).unwrap_err();
-        assert!(format!("{e:#}").contains("chmod 755"), "{e:#}");
+        assert!(format!("{e:#}").contains("chmod 711"), "{e:#}");
     }
 }

@@ -22,5 +22,5 @@ pub mod serve;
 
 pub use creds::{hosts_for, CredentialSet};
 pub use identity::PullUser;
-pub use layout::{check_reachable, content_owner, prepare_store, CONTENT_DIRS};
+pub use layout::{check_reachable, content_owner, prepare_store, CONTENT_DIRS, ROOT_MODE};
 pub use run::{pull, Answer, CredentialsFrom, PullRequest, Pulled, Requester, CREDENTIALS_ARG};

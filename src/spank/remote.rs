@@ -290,6 +290,7 @@ pub(super) fn save_request(spec: &ContainerSpec, overlay_dir: &Path, output: &Pa
         uid: spec.user.uid,
         gid: spec.user.gid,
         groups: spec.user.all_gids(),
+        image_reader: spec.image_reader.clone(),
     }
 }
 
@@ -332,6 +333,11 @@ pub(super) fn build_spec(ctx: &StepContext, stored: &StoredImage) -> Result<Cont
         stored.config.clone(),
         ctx.user.clone(),
     );
+    if stored.manifest_digest.is_some() {
+        // A store image: ordinary users cannot read the store, the pull user can.
+        spec.image_reader =
+            Some(crate::puller::PullUser::lookup(&ctx.config.pull_user)?.identity());
+    }
     spec.mounts = mounts;
     spec.workdir = options.workdir.clone();
     spec.extra_binds = pmi_binds(&ctx.job_env);
@@ -650,6 +656,50 @@ pub(super) fn pull(
     }
 }
 
+/// A squashfs file the user gave by path, refused when it lies in the node
+/// store (whose images only the registry's access check hands out): by the
+/// path as written, and by the path the opened file resolved to.
+fn user_squashfs(store: &Path, path: &Path) -> Result<StoredImage, String> {
+    let canonical_store = with_root(|| std::fs::canonicalize(store)).ok();
+    let in_store = |p: &Path| {
+        let p = lexically_normal(p);
+        p.starts_with(store) || canonical_store.as_ref().is_some_and(|c| p.starts_with(c))
+    };
+    let refused = || {
+        format!(
+            "--container-image={}: the file is inside the node's image store {}, whose \
+             images are handed out only by reference (the registry decides who may read \
+             them): give the image's reference (e.g. docker://REGISTRY#REPO:TAG) instead",
+            path.display(),
+            store.display()
+        )
+    };
+    if in_store(path) {
+        return Err(refused());
+    }
+    let stored = Store::open_squashfs_file(path).map_err(|e| format!("{e:#}"))?;
+    if in_store(&stored.squashfs) {
+        return Err(refused());
+    }
+    Ok(stored)
+}
+
+/// `path` without `.` and `..` components (taken lexically; `/..` is `/`).
+fn lexically_normal(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
 /// [`pull`]; with `cached_only`, only looks in the store (after asking the
 /// registry for the manifest, as every pull does).
 pub(super) fn run_pull(
@@ -661,9 +711,7 @@ pub(super) fn run_pull(
 ) -> Result<Answer, String> {
     let reference = match ImageSource::parse(image).map_err(|e| format!("{e:#}"))? {
         ImageSource::SquashfsFile(path) => {
-            return Store::open_squashfs_file(&path)
-                .map(|stored| Answer::Stored(Box::new(stored)))
-                .map_err(|e| format!("{e:#}"))
+            return user_squashfs(store, &path).map(|stored| Answer::Stored(Box::new(stored)))
         }
         ImageSource::Registry(reference) => reference,
     };

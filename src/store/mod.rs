@@ -56,7 +56,8 @@ pub mod units;
 
 use std::fs;
 use std::io::Read;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -272,7 +273,13 @@ impl Store {
     /// [`Store::gc`] to remove and report.
     pub fn open_unswept(root: impl AsRef<Path>) -> Result<Store> {
         let root = root.as_ref().to_path_buf();
-        let root_mode = if is_root() { 0o755 } else { 0o700 };
+        // Root's store may become a pull-user store (`puller::prepare_store`),
+        // whose pull user must pass through the root; nobody else reads it.
+        let root_mode = if is_root() {
+            crate::puller::ROOT_MODE
+        } else {
+            0o700
+        };
         let fix = |e: std::io::Error, p: &Path| {
             anyhow::Error::new(e).context(format!(
                 "cannot create the image store directory {}: check that its parent exists \
@@ -289,15 +296,25 @@ impl Store {
             fs::set_permissions(&root, fs::Permissions::from_mode(root_mode))
                 .with_context(|| format!("cannot set the mode of {}", root.display()))?;
         }
+        if let Err(e) = fs::read_dir(root.join("images")) {
+            if e.kind() == std::io::ErrorKind::PermissionDenied {
+                bail!(
+                    "the image store {} is not yours: a node's store is readable only by root \
+                     and berth's pull user (its images may be private); run this as root, or \
+                     use a store of your own (leave out --store)",
+                    root.display()
+                );
+            }
+        }
         let shared = shared::is_marked(&root).then(SharedSettings::default);
         let store = Store { root, shared };
         for (dir, mode) in [
-            (store.root.join("blobs"), 0o755),
-            (store.blobs_dir(), 0o755),
-            (store.images_dir(), 0o755),
+            (store.root.join("blobs"), 0o700),
+            (store.blobs_dir(), 0o700),
+            (store.images_dir(), 0o700),
             (store.root.join("tmp"), 0o700),
             (store.tmp_dir(), 0o700),
-            (store.locks_dir(), 0o755),
+            (store.locks_dir(), 0o700),
         ] {
             if !dir.is_dir() {
                 fs::DirBuilder::new()
@@ -310,7 +327,7 @@ impl Store {
         if store.shared.is_some() {
             let leases = store.leases_dir();
             fs::DirBuilder::new()
-                .mode(0o755)
+                .mode(0o700)
                 .create(&leases)
                 .or_else(|e| if leases.is_dir() { Ok(()) } else { Err(e) })
                 .map_err(|e| fix(e, &leases))?;
@@ -494,15 +511,39 @@ impl Store {
     }
 
     /// A squashfs file given by path, as an image with a default config, after
-    /// checking that it is a squashfs file.
+    /// checking that it is a squashfs file. Opened by the caller's identity,
+    /// non-blocking (a FIFO cannot stall the open), checked as
+    /// [`Store::squashfs_file_from`] does.
     pub fn open_squashfs_file(path: &Path) -> Result<StoredImage> {
-        let mut magic = [0u8; 4];
-        let mut file = fs::File::open(path).with_context(|| {
-            format!(
-                "cannot open squashfs image {}: check the path",
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .with_context(|| {
+                format!(
+                    "cannot open squashfs image {}: check the path",
+                    path.display()
+                )
+            })?;
+        Store::squashfs_file_from(path, file)
+    }
+
+    /// The squashfs file `path` that the caller has opened as `file`: what
+    /// was opened (never the path again) must be a regular file starting
+    /// with the squashfs magic. The image's path is the one the descriptor
+    /// resolved to.
+    pub fn squashfs_file_from(path: &Path, mut file: fs::File) -> Result<StoredImage> {
+        let meta = file
+            .metadata()
+            .with_context(|| format!("cannot stat squashfs image {}", path.display()))?;
+        if !meta.is_file() {
+            bail!(
+                "{} is not a regular file (a FIFO, a device or a folder); give a squashfs file \
+                 or an image reference",
                 path.display()
-            )
-        })?;
+            );
+        }
+        let mut magic = [0u8; 4];
         let n = file
             .read(&mut magic)
             .with_context(|| format!("cannot read squashfs image {}", path.display()))?;
@@ -514,8 +555,9 @@ impl Store {
                 path.display()
             );
         }
+        let link = format!("/proc/self/fd/{}", file.as_raw_fd());
         let squashfs =
-            fs::canonicalize(path).with_context(|| format!("cannot resolve {}", path.display()))?;
+            fs::read_link(&link).with_context(|| format!("cannot resolve {}", path.display()))?;
         Ok(StoredImage {
             squashfs,
             config: ImageConfig::default(),
