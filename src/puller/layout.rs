@@ -32,8 +32,7 @@ pub const CONTENT_DIRS: &[(&str, u32)] = &[
     ("retired", 0o700),
 ];
 
-/// The store root's mode: entered by everyone, listed by root only.
-pub const ROOT_MODE: u32 = 0o711;
+pub use crate::store::ROOT_MODE;
 
 /// Makes `root` a store the pull user can fill (as root): the root folder
 /// root's, mode [`ROOT_MODE`]; the content areas the pull user's, mode 0700,

@@ -80,6 +80,10 @@ pub use shared::SharedSettings;
 /// The first bytes of every squashfs file.
 pub const SQUASHFS_MAGIC: &[u8; 4] = b"hsqs";
 
+/// The mode of root's store folder: entered by everyone, listed by root
+/// only (the pull user passes through it to its content areas).
+pub const ROOT_MODE: u32 = 0o711;
+
 /// A content-addressed image store rooted at a directory.
 #[derive(Debug, Clone)]
 pub struct Store {
@@ -275,11 +279,7 @@ impl Store {
         let root = root.as_ref().to_path_buf();
         // Root's store may become a pull-user store (`puller::prepare_store`),
         // whose pull user must pass through the root; nobody else reads it.
-        let root_mode = if is_root() {
-            crate::puller::ROOT_MODE
-        } else {
-            0o700
-        };
+        let root_mode = if is_root() { ROOT_MODE } else { 0o700 };
         let fix = |e: std::io::Error, p: &Path| {
             anyhow::Error::new(e).context(format!(
                 "cannot create the image store directory {}: check that its parent exists \
