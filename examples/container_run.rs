@@ -10,7 +10,8 @@
 //!               IMAGE.sqfs -- COMMAND [ARG...]
 //! ```
 //!
-//! The helper defaults to the `holder` example next to this binary. Exits with
+//! The helper (`berth __holder`) defaults to a `berth` binary next to this
+//! one, else the one of the same build (`target/PROFILE/berth`). Exits with
 //! the command's status (128 + signal when killed).
 
 use std::path::PathBuf;
@@ -30,6 +31,19 @@ fn main() -> ExitCode {
     }
 }
 
+/// `berth` beside this binary, else in the folder above (`examples/..`).
+fn default_helper() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let beside = exe.with_file_name("berth");
+    if beside.is_file() {
+        return Ok(beside);
+    }
+    Ok(exe
+        .parent()
+        .and_then(|dir| dir.parent())
+        .map_or(beside, |dir| dir.join("berth")))
+}
+
 fn run() -> anyhow::Result<u8> {
     let mut args = std::env::args().skip(1);
     let mut user = None;
@@ -43,7 +57,7 @@ fn run() -> anyhow::Result<u8> {
     let mut remap_root = false;
     let mut entrypoint = false;
     let mut mode = Mode::for_current_process();
-    let mut helper = std::env::current_exe()?.with_file_name("holder");
+    let mut helper = default_helper()?;
     let mut image = None;
     while let Some(arg) = args.next() {
         let mut value = || args.next().with_context(|| format!("{arg} needs a value"));

@@ -194,36 +194,49 @@ impl FanoutConfig {
     }
 }
 
-/// Every key the config file and plugstack line accept, for error messages.
-pub const KEYS: &[&str] = &[
-    "config",
-    "store_path",
-    "runtime_path",
-    "helper_path",
-    "insecure_registries",
-    "execute_entrypoint",
-    "container_scope",
-    "sbatch_support",
-    "log_level",
-    "inject_dir",
-    "gpu_dev_root",
-    "gpu_driver_root",
-    "cdi_spec_dirs",
-    "mirrors",
-    "registry_retries",
-    "fanout",
-    "fanout_min_nodes",
-    "fanout_wait",
-    "fanout_intent_wait",
-    "fanout_dir",
-    "store_shared",
-    "store_lease_timeout",
-    "store_wait_timeout",
-    "registry_timeout",
-    "pull_user",
-    "max_image_size",
-    "cancel_check",
+/// Every key the config file and the plugstack line accept, with what its
+/// value must be: the one table from which the list of known keys and the
+/// "expected ..." part of every error about a value come.
+pub const KEYS: &[(&str, &str)] = &[
+    ("config", "the path of a config file (plugstack line only)"),
+    ("store_path", "an absolute path"),
+    ("runtime_path", "an absolute path"),
+    ("helper_path", "an absolute path"),
+    ("insecure_registries", "host[:port] names, comma-separated"),
+    ("execute_entrypoint", "1/0, true/false, yes/no"),
+    ("container_scope", "`job` or `global`"),
+    ("sbatch_support", "1/0, true/false, yes/no"),
+    ("log_level", "one of error, info, verbose, debug"),
+    ("inject_dir", "an absolute path"),
+    ("gpu_dev_root", "an absolute path"),
+    ("gpu_driver_root", "an absolute path"),
+    ("cdi_spec_dirs", "absolute paths, comma-separated"),
+    ("mirrors", "REGISTRY=MIRROR pairs, comma-separated"),
+    ("registry_retries", "a number of retries from 0 to 20"),
+    ("fanout", "`sbcast` or `none`"),
+    ("fanout_min_nodes", "a node count of at least 2"),
+    ("fanout_wait", "a number of seconds from 1 to 86400"),
+    ("fanout_intent_wait", "a number of seconds from 1 to 86400"),
+    ("fanout_dir", "an absolute path"),
+    ("store_shared", "1/0, true/false, yes/no"),
+    ("store_lease_timeout", "a number of seconds from 1 to 86400"),
+    ("store_wait_timeout", "a number of seconds from 1 to 86400"),
+    ("registry_timeout", "a number of seconds from 1 to 3600"),
+    ("pull_user", "the name of a system user, e.g. berth"),
+    (
+        "max_image_size",
+        "a size such as 512G or 300M (powers of 1024)",
+    ),
+    ("cancel_check", "a number of seconds from 0 (off) to 3600"),
 ];
+
+/// The known keys, for messages: `config, store_path, ...`.
+pub fn key_names() -> String {
+    KEYS.iter()
+        .map(|(name, _)| *name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// Default of `pull_user`: the system user `make install` and the Debian
 /// package create.
@@ -401,19 +414,28 @@ impl Config {
         Ok(())
     }
 
-    /// Sets one key; unknown keys and malformed values are errors.
+    /// Sets one key; unknown keys and malformed values are errors, which say
+    /// what the value must be (from [`KEYS`]).
     pub fn set(&mut self, key: &str, value: &str, origin: &str) -> Result<(), ConfigError> {
-        let err = |message: String| ConfigError {
+        let fail = |message: String| ConfigError {
             origin: origin.to_string(),
             message,
         };
+        let Some(&(_, expected)) = KEYS.iter().find(|(name, _)| *name == key) else {
+            return Err(fail(format!(
+                "unknown argument `{key}` (known: {})",
+                key_names()
+            )));
+        };
+        let bad = || fail(format!("{key}={value}: expected {expected}"));
         let absolute = |value: &str| -> Result<PathBuf, ConfigError> {
             if value.starts_with('/') {
                 Ok(PathBuf::from(value))
             } else {
-                Err(err(format!("{key}={value}: must be an absolute path")))
+                Err(fail(format!("{key}={value}: expected {expected}")))
             }
         };
+        let boolean = || parse_bool(value).ok_or_else(bad);
         match key {
             "config" => {}
             "store_path" => self.store_path = absolute(value)?,
@@ -427,24 +449,9 @@ impl Config {
                     .map(str::to_string)
                     .collect()
             }
-            "execute_entrypoint" => {
-                self.execute_entrypoint = parse_bool(value).ok_or_else(|| {
-                    err(format!("{key}={value}: expected 1/0, true/false, yes/no"))
-                })?
-            }
-            "sbatch_support" => {
-                self.sbatch_support = parse_bool(value).ok_or_else(|| {
-                    err(format!("{key}={value}: expected 1/0, true/false, yes/no"))
-                })?
-            }
-            "log_level" => {
-                self.log_level = LogLevel::parse(value).ok_or_else(|| {
-                    err(format!(
-                        "{key}={value}: expected one of {}",
-                        LogLevel::NAMES.join(", ")
-                    ))
-                })?
-            }
+            "execute_entrypoint" => self.execute_entrypoint = boolean()?,
+            "sbatch_support" => self.sbatch_support = boolean()?,
+            "log_level" => self.log_level = LogLevel::parse(value).ok_or_else(bad)?,
             "inject_dir" => self.inject.profile_dir = absolute(value)?,
             "gpu_dev_root" => self.inject.gpu_dev_root = absolute(value)?,
             "gpu_driver_root" => self.inject.gpu_driver_root = Some(absolute(value)?),
@@ -457,44 +464,25 @@ impl Config {
                     .collect::<Result<_, _>>()?
             }
             "mirrors" => {
-                self.mirrors =
-                    parse_mirrors(value).map_err(|e| err(format!("{key}={value}: {e}")))?
+                self.mirrors = parse_mirrors(value)
+                    .map_err(|e| fail(format!("{key}={value}: expected {expected}: {e}")))?
             }
             "registry_retries" => {
-                let n: u32 = value.parse().ok().filter(|n| *n <= 20).ok_or_else(|| {
-                    err(format!(
-                        "{key}={value}: expected a number of retries from 0 to 20"
-                    ))
-                })?;
+                let n: u32 = value.parse().ok().filter(|n| *n <= 20).ok_or_else(bad)?;
                 self.registry_retries = Some(n);
             }
-            "fanout" => {
-                self.fanout.mode = FanoutMode::parse(value)
-                    .ok_or_else(|| err(format!("{key}={value}: expected `sbcast` or `none`")))?
-            }
+            "fanout" => self.fanout.mode = FanoutMode::parse(value).ok_or_else(bad)?,
             "fanout_min_nodes" => {
-                self.fanout.min_nodes = value.parse().ok().filter(|n| *n >= 2).ok_or_else(|| {
-                    err(format!(
-                        "{key}={value}: expected a node count of at least 2"
-                    ))
-                })?
+                self.fanout.min_nodes = value.parse().ok().filter(|n| *n >= 2).ok_or_else(bad)?
             }
             "fanout_dir" => self.fanout.dir = Some(absolute(value)?),
-            "store_shared" => {
-                self.store_shared = parse_bool(value).ok_or_else(|| {
-                    err(format!("{key}={value}: expected 1/0, true/false, yes/no"))
-                })?
-            }
+            "store_shared" => self.store_shared = boolean()?,
             "fanout_wait" | "fanout_intent_wait" | "store_lease_timeout" | "store_wait_timeout" => {
                 let seconds: u64 = value
                     .parse()
                     .ok()
                     .filter(|s| (1..=86_400).contains(s))
-                    .ok_or_else(|| {
-                        err(format!(
-                            "{key}={value}: expected a number of seconds from 1 to 86400"
-                        ))
-                    })?;
+                    .ok_or_else(bad)?;
                 let duration = Duration::from_secs(seconds);
                 match key {
                     "fanout_wait" => self.fanout.wait = duration,
@@ -504,11 +492,7 @@ impl Config {
                 }
             }
             "cancel_check" => {
-                let seconds: u64 = value.parse().ok().filter(|s| *s <= 3600).ok_or_else(|| {
-                    err(format!(
-                        "{key}={value}: expected a number of seconds from 0 (off) to 3600"
-                    ))
-                })?;
+                let seconds: u64 = value.parse().ok().filter(|s| *s <= 3600).ok_or_else(bad)?;
                 self.cancel_check = Duration::from_secs(seconds);
             }
             "registry_timeout" => {
@@ -516,11 +500,7 @@ impl Config {
                     .parse()
                     .ok()
                     .filter(|n| (1..=3600).contains(n))
-                    .ok_or_else(|| {
-                        err(format!(
-                            "{key}={value}: expected a number of seconds from 1 to 3600"
-                        ))
-                    })?;
+                    .ok_or_else(bad)?;
                 self.registry_timeout = Some(n);
             }
             "pull_user" => {
@@ -530,9 +510,7 @@ impl Config {
                         .chars()
                         .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
                 if !valid {
-                    return Err(err(format!(
-                        "{key}={value}: expected the name of a system user, e.g. berth"
-                    )));
+                    return Err(bad());
                 }
                 self.pull_user = value.to_string();
             }
@@ -540,23 +518,14 @@ impl Config {
                 let bytes = crate::store::units::parse_size(value)
                     .ok()
                     .filter(|n| *n > 0)
-                    .ok_or_else(|| {
-                        err(format!(
-                            "{key}={value}: expected a size such as 512G or 300M (powers of 1024)"
-                        ))
-                    })?;
+                    .ok_or_else(bad)?;
                 self.max_image_size = bytes;
             }
             "container_scope" => match value {
                 "job" | "global" => self.container_scope = value.to_string(),
-                _ => return Err(err(format!("{key}={value}: expected `job` or `global`"))),
+                _ => return Err(bad()),
             },
-            _ => {
-                return Err(err(format!(
-                    "unknown argument `{key}` (known: {})",
-                    KEYS.join(", ")
-                )))
-            }
+            _ => unreachable!("`{key}` is in KEYS but has no arm in Config::set"),
         }
         Ok(())
     }
@@ -596,10 +565,7 @@ fn split_pair(text: &str, origin: &str) -> Result<(String, String), ConfigError>
         Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
         _ => Err(ConfigError {
             origin: origin.to_string(),
-            message: format!(
-                "`{text}` is not key=value (known keys: {})",
-                KEYS.join(", ")
-            ),
+            message: format!("`{text}` is not key=value (known keys: {})", key_names()),
         }),
     }
 }
@@ -772,6 +738,35 @@ mod tests {
             let e = Config::from_plugstack_args(&args(&[bad])).unwrap_err();
             assert!(e.to_string().contains(bad), "{e}");
         }
+    }
+
+    #[test]
+    fn every_key_has_one_entry_an_arm_and_a_line_in_the_docs() {
+        // The injection keys are documented with injection.
+        let docs = [
+            include_str!("../docs/CONFIGURATION.md"),
+            include_str!("../docs/INJECTION.md"),
+        ]
+        .concat();
+        let mut seen = std::collections::BTreeSet::new();
+        for (key, expected) in KEYS {
+            assert!(seen.insert(key), "{key} twice in KEYS");
+            assert!(
+                docs.contains(&format!("`{key}`")),
+                "{key} is not in CONFIGURATION.md"
+            );
+            // A value no key accepts: the error says what the table says.
+            let mut config = Config::default();
+            if let Err(e) = config.set(key, "\u{1}bad", "test") {
+                assert!(e.message.contains(expected), "{key}: {e}");
+            }
+        }
+        assert!(KEYS
+            .iter()
+            .any(|(k, e)| *k == "log_level"
+                && *e == format!("one of {}", LogLevel::NAMES.join(", "))));
+        let e = Config::default().set("nope", "1", "o").unwrap_err();
+        assert!(e.message.contains(&key_names()), "{e}");
     }
 
     #[test]

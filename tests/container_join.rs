@@ -4,8 +4,8 @@
 //! and calls `Container::join` before exec (`slurm_spank_task_init`).
 //!
 //! One test only: it changes the effective ids of the whole test process.
-//! Needs root, a user `berthuser`, busybox, mksquashfs, and the `holder`
-//! example built (`cargo test` builds it; `cargo build --examples` otherwise).
+//! Needs root, a user `berthuser`, busybox and mksquashfs; the helper is the
+//! `berth` binary (`berth __holder`), which cargo builds for this test.
 
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::os::unix::process::CommandExt;
@@ -24,13 +24,8 @@ fn which(tool: &str) -> Option<PathBuf> {
         .find(|path| path.is_file())
 }
 
-fn holder_example() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples/holder")
+fn berth_helper() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_berth"))
 }
 
 fn skip_reason() -> Option<String> {
@@ -48,9 +43,6 @@ fn skip_reason() -> Option<String> {
         if which(tool).is_none() {
             return Some(format!("needs '{tool}' on PATH"));
         }
-    }
-    if !holder_example().exists() {
-        return Some("needs the holder example built (cargo build --examples)".into());
     }
     None
 }
@@ -112,7 +104,7 @@ fn slurm_like_spawn_and_join() {
     nix::unistd::setgroups(&gids).unwrap();
     nix::unistd::setegid(Gid::from_raw(user.gid)).unwrap();
     nix::unistd::seteuid(Uid::from_raw(user.uid)).unwrap();
-    let container = spawn_holder(&holder_example(), &spec, Mode::Privileged);
+    let container = spawn_holder(&berth_helper(), &spec, Mode::Privileged);
     assert_eq!(nix::unistd::geteuid().as_raw(), user.uid, "euid restored");
     nix::unistd::seteuid(Uid::from_raw(0)).unwrap();
     nix::unistd::setegid(Gid::from_raw(0)).unwrap();

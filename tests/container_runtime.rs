@@ -1,6 +1,6 @@
 //! End-to-end tests of the container runtime: build a small busybox image,
 //! run commands in it through `examples/container_run.rs` (which uses
-//! `examples/holder.rs` as the helper), and check what the user sees inside
+//! `berth __holder` as the helper, as the plugin does), and check what the user sees inside
 //! and that nothing is left on the host afterwards.
 //!
 //! They need root, an ordinary user `berthuser`, busybox (static),
@@ -40,7 +40,7 @@ fn missing_prerequisite(tools: &[&str]) -> Option<String> {
             return Some(format!("needs '{tool}' on PATH"));
         }
     }
-    if !example("container_run").exists() || !example("holder").exists() {
+    if !example("container_run").exists() {
         return Some("needs the examples built (cargo build --examples)".into());
     }
     None
@@ -76,14 +76,15 @@ fn built_example(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// The example, copied with its `holder` sibling to a folder the ordinary test
-/// user can read (the checkout may be private); the built path when not built.
+/// The example, copied with the `berth` binary (its helper) beside it to a
+/// folder the ordinary test user can read (the checkout may be private); the
+/// built path when not built.
 fn example(name: &str) -> PathBuf {
     let built = built_example(name);
-    if !built.exists() || !built_example("holder").exists() {
+    if !built.exists() {
         return built;
     }
-    common::world_readable_copy(&built_example("holder"));
+    common::world_readable_copy(Path::new(env!("CARGO_BIN_EXE_berth")));
     common::world_readable_copy(&built)
 }
 
