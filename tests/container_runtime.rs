@@ -387,6 +387,72 @@ fn hostile_image_symlinks_do_not_write_on_the_host() {
     }
 }
 
+/// Root's own binds (`/etc/hosts`, `/etc/resolv.conf`) never reach their
+/// target through a host folder bound in before: an image whose `/etc` is
+/// `/tmp/X`, with a user's link `/tmp/X -> /tmp/FOLDER` (or `/dev`) on the
+/// host, must not make root create files in that host folder (it made
+/// `/dev/hosts`), for the user's container and for root's.
+#[test]
+fn root_binds_never_go_through_a_users_link_in_tmp() {
+    skip_unless_ready!();
+    let dir = scratch();
+    let tag = dir
+        .path()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let redirect = PathBuf::from(format!("/tmp/{tag}-redirect"));
+    let rootfs = busybox_rootfs(dir.path());
+    std::fs::remove_dir_all(rootfs.join("etc")).unwrap();
+    symlink(&redirect, rootfs.join("etc")).unwrap();
+    // The link resolves in the image (a dangling one would be replaced).
+    std::fs::create_dir_all(rootfs.join(redirect.strip_prefix("/").unwrap())).unwrap();
+    let image = dir.path().join("etc-to-tmp.sqfs");
+    make_squashfs(&rootfs, &image);
+    // The link must lead to a host folder that is bound into the container
+    // too (inside the root, `/tmp` and `/dev` are the host's).
+    let victim = PathBuf::from(format!("/tmp/{tag}-victim"));
+    std::fs::create_dir(&victim).unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o755)).unwrap();
+    symlink(&victim, &redirect).unwrap();
+    let uid = nix::unistd::User::from_name(TEST_USER)
+        .unwrap()
+        .expect("the test user")
+        .uid;
+    nix::unistd::fchownat(
+        None,
+        &redirect,
+        Some(uid),
+        None,
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .unwrap();
+    let mut outputs = Vec::new();
+    for user in [TEST_USER, "root"] {
+        let output = run(Command::new(example("container_run"))
+            .args(["--privileged", "--user", user])
+            .arg(&image)
+            .args(["--", "true"]));
+        outputs.push(format!(
+            "{user}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    let _ = std::fs::remove_file(&redirect);
+    let created: Vec<_> = std::fs::read_dir(&victim)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    let _ = std::fs::remove_dir_all(&victim);
+    assert!(
+        created.is_empty(),
+        "root created {created:?} in {} through the link:\n{}",
+        victim.display(),
+        outputs.join("\n")
+    );
+}
+
 fn data_dir_for(dir: &Path, image: &Path) -> PathBuf {
     let data = dir.join(format!(
         "data-{}",

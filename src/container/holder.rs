@@ -218,12 +218,17 @@ fn prepare_root(root_path: &Path, spec: &ContainerSpec, plan: &MountPlan) -> any
     }
     // Before any host file system enters the root: see inject::apply.
     crate::inject::apply::inject_files(&root, &spec.injection)?;
+    // Each bind below must not reach its target through an earlier one
+    // (an image's `/etc -> /tmp/X` and a user's `/tmp/X -> /dev`).
+    let one_mount = root
+        .on_one_mount()
+        .context("cannot open the container root")?;
     for bind in &plan.system {
         if bind.target == Path::new("/dev") && spec.injection.needs_own_dev() {
             crate::inject::apply::build_dev(&root, &bind.source, &spec.injection)?;
             continue;
         }
-        mounts::bind_into(&root, bind)?;
+        mounts::bind_into(&one_mount, bind)?;
     }
     Ok(())
 }

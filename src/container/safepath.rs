@@ -39,6 +39,8 @@ pub enum Kind {
 pub struct RootDir {
     fd: OwnedFd,
     path: PathBuf,
+    /// `RESOLVE_*` bits added to every lookup.
+    resolve: u64,
 }
 
 impl RootDir {
@@ -51,6 +53,20 @@ impl RootDir {
         Ok(RootDir {
             fd: file.into(),
             path: path.to_path_buf(),
+            resolve: 0,
+        })
+    }
+
+    /// This root, with lookups that never cross a mount point
+    /// (`RESOLVE_NO_XDEV`): what root creates for its own binds must be
+    /// reached through the image's own file system, never through a host
+    /// folder bound in before (`/tmp`, `/dev`), where a user's symlink
+    /// could send it.
+    pub fn on_one_mount(&self) -> io::Result<RootDir> {
+        Ok(RootDir {
+            fd: self.fd.try_clone()?,
+            path: self.path.clone(),
+            resolve: self.resolve | libc::RESOLVE_NO_XDEV,
         })
     }
 
@@ -71,7 +87,7 @@ impl RootDir {
     pub fn read_file(&self, path: &Path, limit: u64) -> io::Result<Option<Vec<u8>>> {
         let parts = components(path)?;
         let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
-        let fd = match openat2_in_root(self.fd.as_fd(), &join_parts(&parts), flags, 0) {
+        let fd = match openat2_in_root(self.fd.as_fd(), &join_parts(&parts), flags, self.resolve) {
             Ok(fd) => fd,
             Err(err) if err.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
             Err(err) => return Err(err),
@@ -156,7 +172,12 @@ impl RootDir {
     }
 
     fn resolve_parts(&self, parts: &[&OsStr]) -> io::Result<OwnedFd> {
-        openat2_in_root(self.fd.as_fd(), &join_parts(parts), libc::O_PATH, 0)
+        openat2_in_root(
+            self.fd.as_fd(),
+            &join_parts(parts),
+            libc::O_PATH,
+            self.resolve,
+        )
     }
 
     fn ensure_parts(&self, parts: &[&OsStr], kind: Kind) -> io::Result<OwnedFd> {
@@ -236,20 +257,20 @@ fn is_symlink_at(dir: BorrowedFd<'_>, name: &OsStr) -> bool {
         .unwrap_or(false)
 }
 
-/// openat2(2) with `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS`, relative to `root`.
+/// openat2(2) with `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS` and `resolve`,
+/// relative to `root`.
 fn openat2_in_root(
     root: BorrowedFd<'_>,
     path: &Path,
     flags: i32,
-    mode: u32,
+    resolve: u64,
 ) -> io::Result<OwnedFd> {
     let path = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| invalid_input("path contains a NUL byte"))?;
     // SAFETY: open_how is a plain C struct for which all-zero is a valid value.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
     how.flags = (flags | libc::O_CLOEXEC) as u64;
-    how.mode = u64::from(mode);
-    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS | resolve;
     // RESOLVE_IN_ROOT fails with EAGAIN when a concurrent rename could have
     // moved a path out of the root; retrying is the documented answer.
     for _ in 0..32 {
