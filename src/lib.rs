@@ -17,6 +17,7 @@ pub mod puller;
 pub mod reference;
 pub mod registry;
 pub mod slurm_commands;
+pub mod slurm_conf;
 pub mod spank;
 pub mod stop_signal;
 pub mod store;

@@ -68,6 +68,58 @@ maybe_stop_munge() {
 
 # ---------------------------------------------------------------- config
 
+# The site TaskProlog and TaskEpilog: BERTH_TEST_TASK_PROLOG is `harness`
+# (the default: the harness's own scripts below), `none` (no TaskProlog and
+# no TaskEpilog) or the path of a TaskProlog of your own (no TaskEpilog).
+TASK_PROLOG_MODE=${BERTH_TEST_TASK_PROLOG:-harness}
+
+# Like a site's scripts, but they act only when a test asks through the job's
+# environment (BERTH_TEST_PROLOG_DIR, a host folder every node sees): the
+# prolog writes what it saw to DIR/prolog.JOB.STEP.TASK, prints
+# `export BERTH_PROLOG_VAR=...`, `unset BERTH_PROLOG_UNSET_ME` and a `print`
+# line, or fails with exit 3 when BERTH_TEST_PROLOG_FAIL is set; the epilog
+# writes DIR/epilog.JOB.STEP.TASK. Both record their mount namespace, so a
+# test can tell the host's from a container's.
+write_task_scripts() {
+    cat >"$ETC_DIR/task-prolog.sh" <<'EOF'
+#!/bin/sh
+# TaskProlog of the berth test cluster (tests/harness/cluster.sh).
+[ -n "${BERTH_TEST_PROLOG_DIR:-}" ] || exit 0
+if [ -n "${BERTH_TEST_PROLOG_FAIL:-}" ]; then
+    echo "site prolog refuses this task: $BERTH_TEST_PROLOG_FAIL"
+    exit 3
+fi
+printf 'uid=%s mntns=%s context=%s node=%s\n' "$(id -u)" "$(readlink /proc/$$/ns/mnt)" \
+    "${SLURM_SCRIPT_CONTEXT:-}" "$(hostname)" \
+    >"$BERTH_TEST_PROLOG_DIR/prolog.$SLURM_JOB_ID.$SLURM_STEP_ID.$SLURM_PROCID"
+echo "export BERTH_PROLOG_VAR=site-$SLURM_PROCID"
+echo "unset BERTH_PROLOG_UNSET_ME"
+echo "print site prolog says hello to task $SLURM_PROCID"
+echo "this line is ignored"
+EOF
+    cat >"$ETC_DIR/task-epilog.sh" <<'EOF'
+#!/bin/sh
+# TaskEpilog of the berth test cluster (tests/harness/cluster.sh).
+[ -n "${BERTH_TEST_PROLOG_DIR:-}" ] || exit 0
+printf 'uid=%s mntns=%s\n' "$(id -u)" "$(readlink /proc/$$/ns/mnt)" \
+    >"$BERTH_TEST_PROLOG_DIR/epilog.$SLURM_JOB_ID.$SLURM_STEP_ID.$SLURM_PROCID"
+EOF
+    chmod 0755 "$ETC_DIR/task-prolog.sh" "$ETC_DIR/task-epilog.sh"
+}
+
+# The TaskProlog/TaskEpilog lines of slurm.conf.
+task_script_lines() {
+    case $TASK_PROLOG_MODE in
+    none) ;;
+    harness)
+        write_task_scripts
+        printf 'TaskProlog=%s\nTaskEpilog=%s\n' "$ETC_DIR/task-prolog.sh" "$ETC_DIR/task-epilog.sh"
+        ;;
+    /*) printf 'TaskProlog=%s\n' "$TASK_PROLOG_MODE" ;;
+    *) die "BERTH_TEST_TASK_PROLOG must be harness, none or an absolute path (got '$TASK_PROLOG_MODE')" ;;
+    esac
+}
+
 write_config() {
     mkdir -p "$ETC_DIR" "$PLUGSTACK_DIR"
     local i nodelist=""
@@ -121,6 +173,7 @@ UnkillableStepTimeout=120
 InactiveLimit=0
 MailProg=/bin/true
 MinJobAge=60
+$(task_script_lines)
 
 EOF
         for ((i = 1; i <= NODES; i++)); do
