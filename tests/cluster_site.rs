@@ -1,7 +1,7 @@
 //! Integration tests of site settings on the real test cluster: the site's
 //! TaskProlog and TaskEpilog (tests/harness/cluster.sh writes them into
-//! slurm.conf; they act only when a job sets `BERTH_TEST_PROLOG_DIR`), as
-//! root and as the ordinary user.
+//! slurm.conf; they act only when a job sets `BERTH_TEST_PROLOG_DIR`), and
+//! `sbatch --export`, as root and as the ordinary user.
 
 mod common;
 
@@ -248,3 +248,90 @@ fn task_prolog_reaches_the_batch_script_in_the_container() {
     }
 }
 
+/// `sbatch --export=LIST` and `--export=NONE` drop the variables Slurm 22.05
+/// passes SPANK options in; the batch script must still run in the image
+/// with every option (here a mount and a flag), never silently on the host.
+/// `--export=ALL` is the control.
+#[test]
+fn sbatch_export_keeps_the_batch_script_in_the_container() {
+    let cluster = cluster_or_skip!();
+    let image = format!("--container-image={}", cluster.image("busybox:latest"));
+    for who in BOTH {
+        for export in [
+            "--export=FOO",
+            "--export=NONE",
+            "--export=FOO,BAR",
+            "--export=ALL",
+        ] {
+            let dir = shared_dir(&cluster, "export");
+            std::fs::write(dir.join("marker"), "").unwrap();
+            let out = dir.join("job.out");
+            let mounts = format!("--container-mounts={}:/mnt/probe:ro", dir.display());
+            let run = cluster.slurm_env(
+                who,
+                "sbatch",
+                &[
+                    "--wait",
+                    "-N1",
+                    export,
+                    &format!("--output={}", out.display()),
+                    &image,
+                    &mounts,
+                    "--container-remap-root",
+                    "--wrap",
+                    "grep ^ID= /etc/os-release; echo FOO=$FOO; echo uid=$(id -u); ls /mnt/probe",
+                ],
+                &[("FOO", "bar")],
+            );
+            let text = std::fs::read_to_string(&out).unwrap_or_default();
+            let ctx = format!("{who:?} {export}: {}{}\n{text}", run.stdout, run.stderr);
+            assert_eq!(run.code, 0, "{ctx}");
+            assert!(
+                text.contains("ID=berth-busybox\n"),
+                "ran on the host: {ctx}"
+            );
+            assert!(text.contains("uid=0\n"), "--container-remap-root: {ctx}");
+            assert!(text.contains("marker\n"), "--container-mounts: {ctx}");
+            let foo = if export == "--export=NONE" {
+                "FOO=\n"
+            } else {
+                "FOO=bar\n"
+            };
+            assert!(text.contains(foo), "{ctx}");
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+    }
+}
+
+/// `srun --export=NONE` keeps its `--container-*` options (srun sends them
+/// with the launch, not in the environment).
+#[test]
+fn srun_export_none_runs_in_the_container() {
+    let cluster = cluster_or_skip!();
+    let image = format!("--container-image={}", cluster.image("busybox:latest"));
+    for who in BOTH {
+        let run = cluster
+            .slurm_env(
+                who,
+                "srun",
+                &[
+                    "-N1",
+                    "--export=NONE",
+                    &image,
+                    "--container-remap-root",
+                    "sh",
+                    "-c",
+                    "grep ^ID= /etc/os-release; echo FOO=$FOO; echo uid=$(id -u)",
+                ],
+                &[("FOO", "bar")],
+            )
+            .ok();
+        assert!(
+            run.stdout.contains("ID=berth-busybox\n"),
+            "{who:?}: {}",
+            run.stdout
+        );
+        assert!(run.stdout.contains("uid=0\n"), "{who:?}: {}", run.stdout);
+        assert!(run.stdout.contains("FOO=\n"), "{who:?}: {}", run.stdout);
+    }
+}
