@@ -9,7 +9,8 @@
 #      builds the test images (cached between runs) and pushes them,
 #   4. runs the unit tests, then the integration tests against the cluster
 #      (srun/sbatch as root and as the ordinary user berthuser), then the
-#      leftover check alone,
+#      leftover check alone, then the GPU-site tests (cluster_gpu,
+#      cluster_site) on the cluster restarted with BERTH_TEST_SITE=gpu,
 #   5. tears the cluster and registry down, whatever happened.
 #
 # Environment: BERTH_TEST_NAME, BERTH_TEST_NODES (see tests/harness/lib.sh),
@@ -68,7 +69,7 @@ export BERTH_REQUIRE_CLUSTER=1
 log "unit and integration tests"
 cargo build --release --locked --examples
 # Every test binary now, so the later runs (package, leftovers) build nothing.
-cargo test --release --locked --no-run --test package --test cluster_leftovers --test cluster_shared
+cargo test --release --locked --no-run --test package --test cluster_leftovers --test cluster_shared --test cluster_gpu
 cargo test --release --locked --no-fail-fast --lib --bins --test container_runtime --test container_join \
     --test store_cli --test cli --test cluster --test cluster_entry --test cluster_named --test umoci_equivalence --test fuzz_smoke --test security --test doctor \
     --test cluster_mpi --test gpu_inject --test cluster_pull --test cluster_fanout --test cluster_pin --test cluster_faults --test cluster_private --test cluster_site -- --test-threads=2
@@ -81,4 +82,9 @@ deb1=$(BERTH_DEB_VERSION=0.1.0~ci1 TARGET_DIR="$CARGO_TARGET_DIR" packaging/deb.
 deb2=$(BERTH_DEB_VERSION=0.1.0~ci2 TARGET_DIR="$CARGO_TARGET_DIR" packaging/deb.sh "$debs/2")
 BERTH_TEST_DEBS=$deb1:$deb2 cargo test --release --locked --test package
 log "leftover check (alone, after every other test)"
+cargo test --release --locked --test cluster_leftovers
+log "GPU site: the cluster again with proctrack/task cgroup, ConstrainDevices and fake GPUs"
+tests/harness/cluster.sh down
+BERTH_TEST_SITE=gpu tests/harness/cluster.sh up
+cargo test --release --locked --test cluster_gpu --test cluster_site -- --test-threads=2
 cargo test --release --locked --test cluster_leftovers
