@@ -92,6 +92,10 @@ pub fn run_checks(config: &Config, options: &DoctorOptions) -> Vec<Finding> {
         slurm_version(),
     ];
     findings.extend(slurm_tools(config));
+    findings.push(gpu_isolation(
+        &crate::slurm_conf::slurm_conf_path(),
+        node_has_gpu_devices(),
+    ));
     let node = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_default();
@@ -375,6 +379,84 @@ fn built_for_slurm() -> Option<u64> {
     option_env!("BERTH_BUILT_FOR_SLURM").and_then(|v| v.parse().ok())
 }
 
+/// Whether `/dev/nvidiaN` exists on this node.
+fn node_has_gpu_devices() -> bool {
+    std::fs::read_dir("/dev").is_ok_and(|entries| {
+        entries.flatten().any(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.strip_prefix("nvidia")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+    })
+}
+
+/// Whether a step's tasks can open only the GPUs Slurm gave the step. berth
+/// shows a container only the step's GPUs in its `/dev`, but that is a view:
+/// the access boundary is Slurm's devices cgroup (`TaskPlugin=task/cgroup`
+/// with `ConstrainDevices=yes` in cgroup.conf beside `slurm_conf`).
+/// `has_gpu_devices`: the node has `/dev/nvidiaN`.
+fn gpu_isolation(slurm_conf: &Path, has_gpu_devices: bool) -> Finding {
+    let check = "GPU isolation";
+    let read = |path: &Path, key: &str| crate::slurm_conf::value(path, key);
+    let (task_plugin, gres_types) = match (
+        read(slurm_conf, "TaskPlugin"),
+        read(slurm_conf, "GresTypes"),
+    ) {
+        (Ok(t), Ok(g)) => (t.unwrap_or_default(), g.unwrap_or_default()),
+        (Err(e), _) | (_, Err(e)) => {
+            return Finding::new(
+                Level::Warn,
+                check,
+                format!("{e:#}"),
+                "run berth doctor on a compute node, or point SLURM_CONF at its slurm.conf",
+            )
+        }
+    };
+    let slurm_gpus = gres_types.split(',').any(|t| t.trim() == "gpu");
+    if !slurm_gpus && !has_gpu_devices {
+        return Finding::ok(check, "no GPUs here (no /dev/nvidiaN, no gpu in GresTypes)");
+    }
+    let cgroup_conf = crate::slurm_conf::beside(slurm_conf, "cgroup.conf");
+    let constrain = match read(&cgroup_conf, "ConstrainDevices") {
+        Ok(value) => value.is_some_and(|v| crate::slurm_conf::is_yes(&v)),
+        Err(_) => false, // no cgroup.conf: Slurm's default, off
+    };
+    let task_cgroup = task_plugin.split(',').any(|p| p.trim() == "task/cgroup");
+    let fix = format!(
+        "set TaskPlugin=task/cgroup (with any others) in {} and ConstrainDevices=yes in {}, \
+         then restart slurmd",
+        slurm_conf.display(),
+        cgroup_conf.display()
+    );
+    let open_to_all = "a task can open every GPU of the node, also in a container (berth's \
+                       /dev lists only the step's GPUs, but that is no access boundary)";
+    match (task_cgroup, constrain) {
+        (true, true) => Finding::ok(
+            check,
+            format!(
+                "task/cgroup with ConstrainDevices=yes ({})",
+                cgroup_conf.display()
+            ),
+        ),
+        (false, _) => Finding::new(
+            Level::Warn,
+            check,
+            format!("TaskPlugin is '{task_plugin}', without task/cgroup: {open_to_all}"),
+            fix,
+        ),
+        (true, false) => Finding::new(
+            Level::Warn,
+            check,
+            format!(
+                "ConstrainDevices is not yes in {}: {open_to_all}",
+                cgroup_conf.display()
+            ),
+            fix,
+        ),
+    }
+}
+
 /// The Slurm release the plugin was built for, against slurmd's.
 fn slurm_version() -> Finding {
     let check = "Slurm version";
@@ -623,6 +705,45 @@ mod tests {
         assert!(names(&config).is_empty());
         config.fanout.mode = crate::config::FanoutMode::Sbcast;
         assert_eq!(names(&config), ["sbcast", "munge", "unmunge"]);
+    }
+
+    #[test]
+    fn gpu_isolation_needs_task_cgroup_and_constrain_devices() {
+        let dir = tempfile::tempdir().unwrap();
+        let slurm_conf = dir.path().join("slurm.conf");
+        let cgroup_conf = dir.path().join("cgroup.conf");
+        let write = |slurm: &str, cgroup: Option<&str>| {
+            std::fs::write(&slurm_conf, slurm).unwrap();
+            match cgroup {
+                Some(text) => std::fs::write(&cgroup_conf, text).unwrap(),
+                None => {
+                    let _ = std::fs::remove_file(&cgroup_conf);
+                }
+            }
+        };
+        let gpu_site = "TaskPlugin=task/affinity,task/cgroup\nGresTypes=gpu\n";
+        write(
+            gpu_site,
+            Some("CgroupPlugin=cgroup/v1\nConstrainDevices=yes\n"),
+        );
+        let f = gpu_isolation(&slurm_conf, false);
+        assert_eq!(f.level, Level::Ok, "{f}");
+        write(gpu_site, Some("ConstrainDevices=no\n"));
+        let f = gpu_isolation(&slurm_conf, false);
+        assert_eq!(f.level, Level::Warn, "{f}");
+        assert!(f.detail.contains("ConstrainDevices") && f.fix.contains("ConstrainDevices=yes"));
+        write(gpu_site, None);
+        assert_eq!(gpu_isolation(&slurm_conf, false).level, Level::Warn);
+        // GPU devices on the node count even without GRES.
+        write("TaskPlugin=task/none\n", Some("ConstrainDevices=yes\n"));
+        let f = gpu_isolation(&slurm_conf, true);
+        assert_eq!(f.level, Level::Warn, "{f}");
+        assert!(f.detail.contains("without task/cgroup"), "{f}");
+        // No GPUs at all: nothing to isolate.
+        assert_eq!(gpu_isolation(&slurm_conf, false).level, Level::Ok);
+        // No slurm.conf: said, not failed.
+        let f = gpu_isolation(&dir.path().join("none.conf"), true);
+        assert_eq!(f.level, Level::Warn, "{f}");
     }
 
     #[test]

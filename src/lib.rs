@@ -24,6 +24,7 @@ pub mod puller;
 pub mod reference;
 pub mod registry;
 pub mod slurm_commands;
+pub mod slurm_conf;
 #[cfg(feature = "spank")]
 pub mod spank;
 pub mod stop_signal;

@@ -12,6 +12,7 @@
 #   tests/dev.sh 1 down                    tear it down
 #
 # Run as root. CARGO_TARGET_DIR defaults to the checkout's target/.
+# BERTH_TEST_SITE=gpu (at up) makes it the GPU site (tests/README-harness.md).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

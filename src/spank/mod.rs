@@ -9,7 +9,8 @@
 //! - `remote`: slurmstepd side (pull, create the container, join tasks to it);
 //! - `named_step`: slurmstepd side of `--container-name` (join, reuse or create);
 //! - `fanout`: slurmstepd side of `fanout=sbcast` (send, receive, or fall back to a pull);
-//! - `cancel_watch`: slurmstepd side: stops a setup whose job ended (scancel, time limit).
+//! - `cancel_watch`: slurmstepd side: stops a setup whose job ended (scancel, time limit);
+//! - `task_prolog`: slurmstepd side: the site's TaskProlog, run on the host for container tasks.
 //!
 //! This module must not contain container or registry logic of its own.
 
@@ -24,4 +25,5 @@ pub mod plugin;
 
 pub mod remote;
 pub mod resolve;
+pub mod task_prolog;
 pub mod timings;

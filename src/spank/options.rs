@@ -76,6 +76,21 @@ impl JobOptions {
         }
     }
 
+    /// The argument an option with one was given (`None` for flags).
+    fn argument(&self, setting: Setting) -> Option<&String> {
+        match setting {
+            Setting::Image => self.image.as_ref(),
+            Setting::Mounts => self.mounts.as_ref(),
+            Setting::Workdir => self.workdir.as_ref(),
+            Setting::Env => self.env.as_ref(),
+            Setting::Unshare => self.unshare.as_ref(),
+            Setting::Mpi => self.mpi.as_ref(),
+            Setting::Name => self.name.as_ref(),
+            Setting::Save => self.save.as_ref(),
+            _ => None,
+        }
+    }
+
     fn is_unset(&self, setting: Setting) -> bool {
         match setting {
             Setting::Writable(_) => self.writable.is_none(),
@@ -367,6 +382,72 @@ pub fn apply_env_defaults(getenv: impl Fn(&str) -> Option<String>) -> Result<(),
     Ok(())
 }
 
+/// The job environment variable that carries sbatch's options to the batch
+/// step: a JSON list of `[option, argument]` pairs (flags: `""`). Slurm 22.05
+/// to 24.04 pass SPANK options to the batch step only in variables that
+/// `sbatch --export=LIST` and `--export=NONE` drop, and the batch script then
+/// runs on the host; `SLURM_*` variables are always passed.
+pub const BATCH_OPTIONS_VARIABLE: &str = "SLURM_SPANK_BERTH_BATCH_OPTIONS";
+
+/// The options given (`[option, argument]`), as [`BATCH_OPTIONS_VARIABLE`]
+/// carries them; `None` when none was given.
+pub fn encode_given(options: &JobOptions) -> Option<String> {
+    let pairs: Vec<[&str; 2]> = TABLE
+        .iter()
+        .filter(|def| options.is_set(def.setting))
+        .map(|def| {
+            let name = def.name.to_str().unwrap_or_default();
+            [
+                name,
+                options.argument(def.setting).map_or("", String::as_str),
+            ]
+        })
+        .collect();
+    (!pairs.is_empty()).then(|| serde_json::to_string(&pairs).unwrap_or_default())
+}
+
+/// sbatch and salloc: hands this job's options to its batch step in
+/// [`BATCH_OPTIONS_VARIABLE`] (in sbatch's environment, which Slurm copies
+/// into the job's), or removes a value inherited from an enclosing job.
+pub fn export_for_batch_step() {
+    match encode_given(&current()) {
+        Some(text) => std::env::set_var(BATCH_OPTIONS_VARIABLE, text),
+        None => std::env::remove_var(BATCH_OPTIONS_VARIABLE),
+    }
+}
+
+/// The batch step: when Slurm gave it none of berth's options although
+/// sbatch had some (`text`, the value of [`BATCH_OPTIONS_VARIABLE`]), takes
+/// them from there. Each value is checked again.
+pub fn apply_batch_options(text: Option<&str>) -> Result<(), String> {
+    let Some(text) = text.filter(|t| !t.is_empty()) else {
+        return Ok(());
+    };
+    let mut values = VALUES.lock().unwrap_or_else(|p| p.into_inner());
+    if encode_given(&values).is_some() {
+        return Ok(()); // Slurm passed them on (24.05 and later, or --export=ALL)
+    }
+    let pairs: Vec<[String; 2]> = serde_json::from_str(text)
+        .map_err(|e| format!("{BATCH_OPTIONS_VARIABLE} of this job is malformed ({e}): {text}"))?;
+    for [name, value] in pairs {
+        let def = TABLE
+            .iter()
+            .find(|d| d.name.to_bytes() == name.as_bytes())
+            .ok_or_else(|| {
+                format!(
+                    "sbatch was given --{name}, which the berth on this node does not know: \
+                     install the same berth on the nodes as on the submit host"
+                )
+            })?;
+        if def.arginfo.is_some() {
+            check_value(def.setting, &value)
+                .map_err(|reason| format!("{}={value}: {reason}", def.display_name))?;
+        }
+        values.set(def.setting, value);
+    }
+    Ok(())
+}
+
 /// Checks one option value; the error names the option and the bad value.
 pub fn validate(name: &str, value: &str) -> Result<(), String> {
     let def = TABLE
@@ -472,6 +553,43 @@ mod tests {
 
     fn reset() {
         *VALUES.lock().unwrap() = JobOptions::default();
+    }
+
+    #[test]
+    fn batch_options_go_through_their_variable() {
+        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        reset();
+        let given = JobOptions {
+            image: Some("reg:5000/busybox:1".into()),
+            mounts: Some("/a:/b:ro,/c".into()),
+            writable: Some(false),
+            remap_root: Some(true),
+            mount_home: Some(false),
+            ..Default::default()
+        };
+        let text = encode_given(&given).unwrap();
+        assert!(encode_given(&JobOptions::default()).is_none());
+        apply_batch_options(Some(&text)).unwrap();
+        assert_eq!(current(), given);
+        // What Slurm gave wins: the variable is not looked at then.
+        reset();
+        VALUES.lock().unwrap().image = Some("other".into());
+        apply_batch_options(Some(&text)).unwrap();
+        assert_eq!(current().image.as_deref(), Some("other"));
+        assert_eq!(current().mounts, None);
+        // Values are checked again; unknown options are named.
+        reset();
+        let e = apply_batch_options(Some(r#"[["container-workdir","rel"]]"#)).unwrap_err();
+        assert!(e.contains("--container-workdir=rel"), "{e}");
+        let e = apply_batch_options(Some(r#"[["container-future","x"]]"#)).unwrap_err();
+        assert!(
+            e.contains("--container-future") && e.contains("same berth"),
+            "{e}"
+        );
+        assert!(apply_batch_options(Some("not json")).is_err());
+        reset();
+        apply_batch_options(None).unwrap();
+        assert_eq!(current(), JobOptions::default());
     }
 
     #[test]

@@ -111,9 +111,16 @@ pub extern "C" fn slurm_spank_init_post_opt(
                 options::apply_env_defaults(|name| std::env::var(name).ok())?;
                 let options = options::current();
                 local::check_options(&options)?;
+                if handle::context() == Context::Allocator {
+                    options::export_for_batch_step();
+                }
                 resolve::at_submission(&options, config())
             }
             Context::Remote => {
+                if spank.step_id().is_ok_and(|s| s == ffi::SLURM_BATCH_SCRIPT) {
+                    let copy = spank.getenv(options::BATCH_OPTIONS_VARIABLE);
+                    options::apply_batch_options(copy.as_deref())?;
+                }
                 options::apply_env_defaults(|name| spank.getenv(name))?;
                 remote::init_post_opt(&spank)
             }

@@ -78,6 +78,9 @@ pub(super) struct StepContext<'a> {
     pub(super) fanout: Option<super::fanout::FanoutStep>,
     /// `srun -v`: show this node's setup timings to the user.
     pub(super) verbose: bool,
+    /// The site's TaskProlog (slurm.conf), run on the host before each task
+    /// joins ([`super::task_prolog`]).
+    pub(super) task_prolog: Option<PathBuf>,
 }
 
 impl StepContext<'_> {
@@ -95,6 +98,10 @@ impl StepContext<'_> {
 /// reported there and raised again in each task's `task_init`, which makes
 /// the tasks (and so srun) fail with a non-zero exit code.
 static SETUP_FAILED: Mutex<bool> = Mutex::new(false);
+
+/// The site's TaskProlog when this step's tasks run in a container: each
+/// task runs it on the host before it joins ([`super::task_prolog`]).
+static TASK_PROLOG: Mutex<Option<PathBuf>> = Mutex::new(None);
 
 /// Environment variables whose folders the PMIx and PMI2 clients need to see.
 const PMI_DIR_VARIABLES: &[&str] = &[
@@ -178,6 +185,7 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
         None
     };
     let fanout = super::fanout::FanoutStep::of(spank, config)?;
+    let task_prolog = super::task_prolog::site_prolog()?;
     let ctx = StepContext {
         config,
         batch_script,
@@ -192,6 +200,7 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
         save_to,
         options,
         verbose: super::timings::step_is_verbose(spank.getenv("SRUN_DEBUG").as_deref()),
+        task_prolog,
     };
     if ctx.verbose {
         super::timings::report_join_as(&ctx.node);
@@ -215,6 +224,7 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
             None => e,
         })?;
     *CONTAINER.lock().unwrap_or_else(|p| p.into_inner()) = Some(step_container);
+    *TASK_PROLOG.lock().unwrap_or_else(|p| p.into_inner()) = ctx.task_prolog.clone();
     handle::log_info(&format!(
         "job {job} step {step}: container {what} in {:.0} ms",
         started.elapsed().as_secs_f64() * 1e3,
@@ -342,6 +352,10 @@ pub(super) fn build_spec(ctx: &StepContext, stored: &StoredImage) -> Result<Cont
     spec.workdir = options.workdir.clone();
     spec.extra_binds = pmi_binds(&ctx.job_env);
     spec.extra_binds.extend(ctx.batch_script.clone());
+    if let Some(prolog) = &ctx.task_prolog {
+        spec.extra_binds
+            .push(super::task_prolog::container_bind(prolog, &ctx.node_state)?);
+    }
     spec.writable = options.writable.unwrap_or(true);
     spec.mount_home = options.mount_home.unwrap_or(false);
     spec.remap_root = options.remap_root.unwrap_or(false);
@@ -417,6 +431,28 @@ pub fn task_init(spank: &Spank) -> Result<(), String> {
     let Some(step) = guard.as_ref() else {
         return Ok(());
     };
+    // Slurm would run the site's TaskProlog inside the container, after this
+    // callback: run it here on the host instead, before the task joins.
+    let prolog = TASK_PROLOG
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let prolog_actions = match &prolog {
+        Some(path) => match super::task_prolog::run_on_host(spank, path) {
+            Ok(actions) => actions,
+            Err(failure) => {
+                // End the task with the script's status, as Slurm does for
+                // a task without a container (it would exit 1 after an
+                // error here); the node stays in service either way.
+                handle::log_error(&failure.message);
+                // SAFETY: this is the task's own process, forked from
+                // slurmstepd and about to exec; Slurm itself leaves it with
+                // _exit after a failed callback or TaskProlog.
+                unsafe { libc::_exit(failure.status) }
+            }
+        },
+        None => Vec::new(),
+    };
     let join_started = Instant::now();
     step.container
         .join()
@@ -449,7 +485,7 @@ pub fn task_init(spank: &Spank) -> Result<(), String> {
             spank.unsetenv(name).map_err(|e| e.to_string())?;
         }
     }
-    Ok(())
+    super::task_prolog::apply(spank, &prolog_actions)
 }
 
 /// Whether the image ENTRYPOINT runs: `--[no-]container-entrypoint` (or its

@@ -85,6 +85,10 @@ CACHE_DIR=${BERTH_TEST_CACHE_DIR:-$STATE_DIR/cache}
 REGISTRY_DIR=$STATE_DIR/registry
 PLUGSTACK_DIR=${BERTH_PLUGSTACK_DIR:-$ETC_DIR/plugstack.conf.d}
 SLURM_CONF_FILE=$ETC_DIR/slurm.conf
+# BERTH_TEST_SITE=gpu: the cluster runs like a GPU site (cluster.sh); plain
+# (the default): proctrack/linuxproc, task/none, no GPUs.
+SITE=${BERTH_TEST_SITE:-plain}
+GPU_DIR=$STATE_DIR/gpu            # dev/: each node's fake GPUs; driver/: fake driver root
 
 HARNESS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(cd "$HARNESS_DIR/../.." && pwd)
@@ -229,6 +233,8 @@ export BERTH_TEST_REGISTRY_LOG=$STATE_DIR/registry.log
 export BERTH_TEST_TOKEN_REGISTRY_LOG=$STATE_DIR/registry-token.log
 export BERTH_TEST_FAULT_PROXY=$FAULT_PROXY_ADDR
 export BERTH_TEST_FAULT_PROXY_LOG=$STATE_DIR/fault-proxy.log
+export BERTH_TEST_SITE=$SITE
+export BERTH_TEST_GPU_DIR=$GPU_DIR
 export BERTH_TEST_TOKEN_USER=berth
 export BERTH_TEST_TOKEN_PASSWORD=berthpass
 export BERTH_TEST_USER=berthuser
