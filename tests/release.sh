@@ -33,6 +33,7 @@ for suite in "$@"; do
         BERTH_TEST_REGISTRY_PORT=$((15000 + 100 * index)) BERTH_TEST_TOKEN_REGISTRY_PORT=$((15001 + 100 * index)) \
         BERTH_TEST_TOKEN_SERVER_PORT=$((15002 + 100 * index)) \
         CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$REPO/target}" \
+        BERTH_TEST_CACHE_DIR="${BERTH_TEST_CACHE_DIR:-/var/cache/berth-test}/images-$suite" \
         tests/run.sh
     printf '[release] %s: core suite passed in %ds\n' "$suite" $((SECONDS - t0))
 done
