@@ -399,6 +399,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 // the requesting user's credentials.
                 // SAFETY: prctl(PR_SET_DUMPABLE) only changes a flag of this process.
                 unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+                // Whoever attached before that still reads it: refuse.
+                CredentialSet::refuse_if_traced()?;
                 let set = CredentialSet::read_from(std::io::stdin().lock())?;
                 options.registry.credentials = set.into_source();
             }
