@@ -916,8 +916,8 @@ fn other_users_cannot_touch_container_tasks() {
 }
 
 /// The container's user namespace denies `setgroups`: a process of the
-/// user that joins it (`nsenter --user`, which needs nothing but being the
-/// user) cannot drop a supplementary group to get past a "group may not
+/// user that joins it (`setns`, which needs nothing but being the user)
+/// cannot drop a supplementary group to get past a "group may not
 /// read" mode, with and without remap-root; the groups still count inside.
 #[test]
 fn the_user_namespace_denies_setgroups() {
@@ -1031,7 +1031,32 @@ fn the_user_namespace_denies_setgroups() {
             )
         };
         let (joined, groups) = join("id -G");
-        let (dropped, output) = join("setpriv --clear-groups id -G && echo DROPPED");
+        // setns and setgroups in one process: an exec after setns would
+        // lose the namespace's capabilities for a uid other than 0 inside.
+        let out = output_of(
+            Command::new("runuser")
+                .args(["-u", common::TEST_USER, "--"])
+                .args([
+                    "python3",
+                    "-c",
+                    &format!(
+                        "import ctypes, os\n\
+                 libc = ctypes.CDLL(None, use_errno=True)\n\
+                 fd = os.open('/proc/{pid}/ns/user', os.O_RDONLY)\n\
+                 assert libc.setns(fd, 0x10000000) == 0, ctypes.get_errno()\n\
+                 r = libc.setgroups(0, None)\n\
+                 print('setgroups', r, ctypes.get_errno(), os.getgroups())\n\
+                 print('DROPPED' if r == 0 else 'kept')\n"
+                    ),
+                ]),
+        );
+        let dropped =
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("DROPPED");
+        let output = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         drop(cancel);
         let _ = child.wait();
         assert!(
@@ -1039,10 +1064,96 @@ fn the_user_namespace_denies_setgroups() {
             "remap {remap}: {groups}"
         );
         assert!(
-            !dropped && !output.contains("DROPPED") && output.contains("setgroups"),
+            !dropped && output.contains("setgroups -1 1 ") && output.contains("kept"),
             "remap {remap}: a joined process dropped its groups: {output}"
         );
     }
+}
+
+/// A `--container-mounts` source in a folder the user cannot search gives
+/// the same error whether or not it exists: root no longer looks at it
+/// before the holder drops to the user.
+#[test]
+fn mount_errors_do_not_reveal_what_the_user_cannot_see() {
+    let Some((cluster, _turn)) = cluster_alone() else {
+        return;
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("berth-root-only-")
+        .tempdir_in(cluster.var("BERTH_TEST_WORKDIR"))
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(dir.path().join("there"), "secret").unwrap();
+    let image = format!("--container-image={}", cluster.image("busybox:latest"));
+    let error_for = |name: &str| {
+        let mounts = format!("--container-mounts={}:/x", dir.path().join(name).display());
+        let run = srun_as(&cluster, common::TEST_USER, &[], &[&image, &mounts, "true"]).failed();
+        let lines: Vec<String> = run
+            .stderr
+            .lines()
+            .filter(|l| l.contains(name))
+            .map(|l| l.replace(name, "NAME"))
+            .map(|l| {
+                l.split_once("error: ")
+                    .map_or(l.clone(), |(_, e)| e.to_string())
+            })
+            .collect();
+        assert!(
+            !lines.is_empty(),
+            "{name}: no error names the source:\n{}",
+            run.stderr
+        );
+        lines
+    };
+    let existing = error_for("there");
+    let missing = error_for("not-there");
+    assert_eq!(
+        existing, missing,
+        "the errors tell an existing file from a missing one"
+    );
+}
+
+/// `--container-name` with a FIFO as image (opened as root before) wedged
+/// slurmstepd: now the path is opened as the user, non-blocking, and must
+/// be a regular file; the step fails at once and the node stays up.
+#[test]
+fn a_fifo_as_image_fails_fast() {
+    let Some((cluster, _turn)) = cluster_alone() else {
+        return;
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("berth-fifo-")
+        .tempdir_in(cluster.var("BERTH_TEST_WORKDIR"))
+        .unwrap();
+    std::os::unix::fs::chown(dir.path(), Some(uid_of(common::TEST_USER)), None).unwrap();
+    let fifo = dir.path().join("fifo");
+    let made = output_of(
+        Command::new("runuser")
+            .args(["-u", common::TEST_USER, "--", "mkfifo"])
+            .arg(&fifo),
+    );
+    assert!(made.status.success());
+    let image = format!("--container-image={}", fifo.display());
+    for named in [true, false] {
+        let name = format!("--container-name={}", unique("fifo"));
+        let mut args = vec![image.as_str(), "true"];
+        if named {
+            args.insert(0, &name);
+        }
+        let started = std::time::Instant::now();
+        let run = srun_as(&cluster, common::TEST_USER, &[], &args).failed();
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "named {named}: took {:?}",
+            started.elapsed()
+        );
+        assert!(
+            run.stderr.contains("not a regular file"),
+            "named {named}: {}",
+            run.stderr
+        );
+    }
+    cluster.assert_nodes_healthy();
 }
 
 /// `--max-image-size` and `max_image_size` in the config file stop an image

@@ -214,7 +214,7 @@ fn prepare_root(root_path: &Path, spec: &ContainerSpec, plan: &MountPlan) -> any
         mounts::create_mount_point(&root, &UserMount::from(bind.clone()))?;
     }
     for mount in &plan.user {
-        mounts::create_mount_point(&root, mount)?;
+        mounts::create_user_mount_point(&root, mount, &spec.user)?;
     }
     // Before any host file system enters the root: see inject::apply.
     crate::inject::apply::inject_files(&root, &spec.injection)?;

@@ -11,6 +11,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
@@ -230,15 +231,31 @@ fn configure_legacy(device: &File, backing: &File, info: &LoopInfo64) -> io::Res
     Ok(())
 }
 
-/// Opens `image` read-only as `reader` would: this thread's file-system
-/// uid, gid and groups become the user's for the `open` (raw system calls,
-/// which change the calling thread only; the kernel drops root's file
-/// capabilities with a non-zero fsuid), then root's come back. Run as
-/// anyone but root, or for root, a plain open.
-fn open_as(image: &Path, reader: &UserIdentity) -> io::Result<File> {
+/// Opens `image` read-only and non-blocking (a FIFO cannot stall the
+/// caller) as `reader` would; see [`as_reader`].
+pub(crate) fn open_as(image: &Path, reader: &UserIdentity) -> io::Result<File> {
+    as_reader(reader, || {
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(image)
+    })
+}
+
+/// Runs `f` (a file-system call) as `reader` would: this thread's
+/// file-system uid, gid and groups become the user's for the call (raw
+/// system calls, which change the calling thread only; the kernel drops
+/// root's file capabilities with a non-zero fsuid), then root's come back.
+/// Run as anyone but root, or for root, `f` runs as the caller. The kernel
+/// then answers what it answers the user: a path in a folder the user
+/// cannot search fails with "Permission denied" whether or not it exists.
+pub(crate) fn as_reader<T>(
+    reader: &UserIdentity,
+    f: impl FnOnce() -> io::Result<T>,
+) -> io::Result<T> {
     // SAFETY: geteuid never fails.
     if unsafe { libc::geteuid() } != 0 || reader.uid == 0 {
-        return File::open(image);
+        return f();
     }
     let saved_groups = thread_groups()?;
     let groups = reader.all_gids();
@@ -256,8 +273,8 @@ fn open_as(image: &Path, reader: &UserIdentity) -> io::Result<File> {
     // setfsuid reports no error: ask (-1 changes nothing) whether it took.
     // SAFETY: as above.
     let switched = unsafe { libc::syscall(libc::SYS_setfsuid, u32::MAX) } == reader.uid as i64;
-    let opened = if switched {
-        File::open(image)
+    let result = if switched {
+        f()
     } else {
         Err(io::Error::other(
             "cannot take the user's file-system identity",
@@ -273,7 +290,7 @@ fn open_as(image: &Path, reader: &UserIdentity) -> io::Result<File> {
             saved_groups.as_ptr(),
         );
     }
-    opened
+    result
 }
 
 /// The calling thread's supplementary groups.

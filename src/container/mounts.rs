@@ -152,6 +152,22 @@ pub fn create_mount_point(root: &RootDir, mount: &UserMount) -> anyhow::Result<(
     Ok(())
 }
 
+/// [`create_mount_point`] for a mount of the user's (`--container-mounts`),
+/// made while the holder is still root: the source is looked at with
+/// `user`'s file-system identity, so the answer (and the error) is the one
+/// the user would get, and says nothing about paths the user cannot see.
+pub fn create_user_mount_point(
+    root: &RootDir,
+    mount: &UserMount,
+    user: &crate::container::spec::UserIdentity,
+) -> anyhow::Result<()> {
+    let kind = crate::container::loopdev::as_reader(user, || Ok(mount_point_kind(mount)))??;
+    if let Some(kind) = kind {
+        ensure_mount_point(root, mount, kind)?;
+    }
+    Ok(())
+}
+
 /// What the mount point of `mount` must be; `None` for an unmount.
 fn mount_point_kind(mount: &UserMount) -> anyhow::Result<Option<Kind>> {
     let kind = match mount.kind {

@@ -105,8 +105,7 @@ fn wait_for_statement(
                     files.statement().display()
                 );
             }
-            let mut text = String::new();
-            file.read_to_string(&mut text)
+            let text = read_bounded(&mut file, MAX_STATEMENT)
                 .with_context(|| format!("cannot read {}", files.statement().display()))?;
             match serde_json::from_str::<SignedStatement>(&text) {
                 Ok(signed) => return signed.verify(request.node_id),
@@ -149,5 +148,35 @@ fn wait_for_statement(
             );
         }
         std::thread::sleep(POLL);
+    }
+}
+
+/// Reads `reader` as text, at most `limit` bytes: the statement sits in
+/// the user's folder, and the user may keep appending to it after the size
+/// was checked.
+fn read_bounded(reader: &mut impl Read, limit: u64) -> Result<String> {
+    let mut text = String::new();
+    reader.take(limit + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > limit {
+        bail!("it grew beyond {limit} bytes while it was read");
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A statement that never ends (the user appends while it is read)
+    /// stops at the limit instead of filling memory.
+    #[test]
+    fn reads_stop_at_the_limit() {
+        let mut endless = std::io::repeat(b'x');
+        let e = read_bounded(&mut endless, 1024).unwrap_err();
+        assert!(e.to_string().contains("beyond 1024 bytes"), "{e}");
+        let mut short: &[u8] = b"{}";
+        assert_eq!(read_bounded(&mut short, 1024).unwrap(), "{}");
+        let mut exact: &[u8] = &[b'a'; 16];
+        assert_eq!(read_bounded(&mut exact, 16).unwrap().len(), 16);
     }
 }

@@ -82,6 +82,24 @@ impl CredentialSet {
         serde_json::to_vec(self).unwrap_or_default()
     }
 
+    /// Fails when this process is being traced (`TracerPid` of
+    /// `/proc/self/status` is not 0). The puller calls it after making
+    /// itself non-dumpable and before reading credentials: a process of the
+    /// pull user that attached before that (a hostile, resident one) could
+    /// read them from its memory.
+    pub fn refuse_if_traced() -> Result<()> {
+        let status = std::fs::read_to_string("/proc/self/status")
+            .context("cannot read /proc/self/status")?;
+        match tracer_pid(&status) {
+            Some(0) => Ok(()),
+            Some(pid) => bail!(
+                "the puller is being traced by process {pid}: it refuses to read credentials \
+                 (a process of the pull user attached to it)"
+            ),
+            None => bail!("/proc/self/status has no TracerPid line"),
+        }
+    }
+
     /// Reads a set from `reader` (at most [`MAX_WIRE_BYTES`]); an empty
     /// input is an empty set.
     pub fn read_from(reader: impl Read) -> Result<CredentialSet> {
@@ -157,9 +175,50 @@ pub fn hosts_for(image: &ImageRef, mirrors: &[(String, String)]) -> Vec<String> 
     hosts
 }
 
+/// The `TracerPid` of a `/proc/PID/status` text.
+fn tracer_pid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tracer_pid_is_read_from_status() {
+        assert_eq!(tracer_pid("Name:\tx\nTracerPid:\t0\nUid:\t1\n"), Some(0));
+        assert_eq!(tracer_pid("TracerPid:\t4242\n"), Some(4242));
+        assert_eq!(tracer_pid("Name:\tx\n"), None);
+    }
+
+    /// Untraced, the check passes; traced (PTRACE_TRACEME: the test process
+    /// is the tracer), it refuses.
+    #[test]
+    fn a_traced_puller_refuses_credentials() {
+        CredentialSet::refuse_if_traced().unwrap();
+        // SAFETY: the child only makes a raw ptrace call, reads a file and
+        // exits; it allocates, which is fine in practice for a test child.
+        match unsafe { nix::unistd::fork() }.unwrap() {
+            nix::unistd::ForkResult::Child => {
+                // SAFETY: PTRACE_TRACEME takes no further arguments.
+                let traced = unsafe { libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) } == 0;
+                let code = match (traced, CredentialSet::refuse_if_traced()) {
+                    (false, _) => 2,
+                    (true, Ok(())) => 1,
+                    (true, Err(_)) => 0,
+                };
+                // SAFETY: _exit is always safe.
+                unsafe { libc::_exit(code) }
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                let status = nix::sys::wait::waitpid(child, None).unwrap();
+                assert_eq!(status, nix::sys::wait::WaitStatus::Exited(child, 0));
+            }
+        }
+    }
     use crate::registry::EnrootCredentials;
     use std::path::Path;
 

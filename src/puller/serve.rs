@@ -16,7 +16,10 @@ pub fn serve_pull() -> i32 {
     // requesting user's credentials.
     // SAFETY: prctl(PR_SET_DUMPABLE) only changes a flag of this process.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
-    let reply = match PullJob::read_from(std::io::stdin().lock()) {
+    // Whoever attached before that still reads it: refuse to go on.
+    let request = CredentialSet::refuse_if_traced()
+        .and_then(|()| PullJob::read_from(std::io::stdin().lock()));
+    let reply = match request {
         Ok((job, credentials)) => pull(&job, &credentials),
         Err(e) => PullReply::Error(HelperError {
             kind: ErrorKind::Request,

@@ -692,10 +692,13 @@ pub(super) fn pull(
     }
 }
 
-/// A squashfs file the user gave by path, refused when it lies in the node
-/// store (whose images only the registry's access check hands out): by the
-/// path as written, and by the path the opened file resolved to.
-fn user_squashfs(store: &Path, path: &Path) -> Result<StoredImage, String> {
+/// A squashfs file the user gave by path, opened with the user's identity
+/// (also where slurmstepd runs this as root: a named container),
+/// non-blocking, and checked on the descriptor (a regular file: a FIFO or
+/// a device fails at once). Refused when it lies in the node store (whose
+/// images only the registry's access check hands out): by the path as
+/// written, and by the path the opened file resolved to.
+fn user_squashfs(store: &Path, path: &Path, user: &UserIdentity) -> Result<StoredImage, String> {
     let canonical_store = with_root(|| std::fs::canonicalize(store)).ok();
     let in_store = |p: &Path| {
         let p = lexically_normal(p);
@@ -713,7 +716,9 @@ fn user_squashfs(store: &Path, path: &Path) -> Result<StoredImage, String> {
     if in_store(path) {
         return Err(refused());
     }
-    let stored = Store::open_squashfs_file(path).map_err(|e| format!("{e:#}"))?;
+    let file = crate::container::loopdev::open_as(path, user)
+        .map_err(|e| format!("cannot open squashfs image {}: {e}", path.display()))?;
+    let stored = Store::squashfs_file_from(path, file).map_err(|e| format!("{e:#}"))?;
     if in_store(&stored.squashfs) {
         return Err(refused());
     }
@@ -747,7 +752,8 @@ pub(super) fn run_pull(
 ) -> Result<Answer, String> {
     let reference = match ImageSource::parse(image).map_err(|e| format!("{e:#}"))? {
         ImageSource::SquashfsFile(path) => {
-            return user_squashfs(store, &path).map(|stored| Answer::Stored(Box::new(stored)))
+            return user_squashfs(store, &path, requester.user)
+                .map(|stored| Answer::Stored(Box::new(stored)))
         }
         ImageSource::Registry(reference) => reference,
     };
