@@ -81,6 +81,154 @@ fn user_uid() -> u32 {
     String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
 
+fn user_gid() -> u32 {
+    let out = std::process::Command::new("id")
+        .args(["-g", common::TEST_USER])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+/// The uid and gid that the image's root-owned files have inside, as pyxis +
+/// enroot give them: the user's own ids (0 with `--container-remap-root`).
+fn owner_inside(who: Submitter, remap_root: bool) -> String {
+    match (who, remap_root) {
+        (Submitter::Root, _) | (Submitter::User, true) => "0:0".to_string(),
+        (Submitter::User, false) => format!("{}:{}", user_uid(), user_gid()),
+    }
+}
+
+#[test]
+fn image_files_belong_to_the_user_inside() {
+    let cluster = cluster_or_skip!();
+    let image = cluster.image("debian:bookworm");
+    let script = "id -u; stat -c '%u:%g' / /etc /usr /usr/bin; \
+                  touch /newfile && mkdir /mymnt && echo x > /etc/berth-new && \
+                  mkdir /usr/berth-dir && touch /usr/berth-dir/f && echo >> /etc/os-release && \
+                  stat -c '%u:%g' /newfile /mymnt /etc/berth-new /usr/berth-dir/f /etc/os-release && \
+                  rm /newfile /etc/berth-new && rm -r /usr/berth-dir && \
+                  rmdir /mymnt && rm /usr/bin/tac && echo changes-ok; \
+                  stat -c 'shadow-group:%g' /etc/shadow";
+    for who in BOTH {
+        for remap_root in [false, true] {
+            let mut args = vec![
+                "-N1".to_string(),
+                format!("--container-image={image}"),
+                "--container-writable".to_string(),
+            ];
+            if remap_root {
+                args.push("--container-remap-root".to_string());
+            }
+            args.extend(["sh", "-c", script].map(String::from));
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let run = cluster.srun(who, &args).ok();
+            let context = format!("{who:?}, remap_root {remap_root}:\n{}", run.stdout);
+            let owner = owner_inside(who, remap_root);
+            let lines: Vec<&str> = run.stdout.lines().collect();
+            assert_eq!(lines[0], &owner[..owner.find(':').unwrap()], "{context}");
+            for line in &lines[1..10] {
+                assert_eq!(*line, owner, "{context}");
+            }
+            assert_eq!(lines[10], "changes-ok", "{context}");
+            // Files of other owners in the image (group shadow) stay unmapped:
+            // the container's namespace maps only the user's own ids.
+            assert_eq!(lines[11], "shadow-group:65534", "{context}");
+        }
+    }
+}
+
+/// Builds `berth-hello_1.0_all.deb` (one file in /usr/share, one in /etc) in
+/// a new folder of the work dir, with `dpkg-deb`; returns the folder.
+fn build_test_deb(cluster: &Cluster) -> std::path::PathBuf {
+    let dir = std::path::Path::new(&cluster.var("BERTH_TEST_WORKDIR"))
+        .join(format!("deb-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let pkg = dir.join("pkg");
+    std::fs::create_dir_all(pkg.join("DEBIAN")).unwrap();
+    std::fs::create_dir_all(pkg.join("usr/share/berth-hello")).unwrap();
+    std::fs::create_dir_all(pkg.join("etc")).unwrap();
+    std::fs::write(
+        pkg.join("DEBIAN/control"),
+        "Package: berth-hello\nVersion: 1.0\nArchitecture: all\n\
+         Maintainer: berth tests <tests@example.org>\nDescription: berth test package\n",
+    )
+    .unwrap();
+    std::fs::write(pkg.join("usr/share/berth-hello/hello.txt"), "hello\n").unwrap();
+    std::fs::write(pkg.join("etc/berth-hello.conf"), "conf\n").unwrap();
+    common::tool(
+        "dpkg-deb",
+        &[
+            "--root-owner-group",
+            "--build",
+            pkg.to_str().unwrap(),
+            dir.join("berth-hello.deb").to_str().unwrap(),
+        ],
+    );
+    common::tool("chmod", &["-R", "a+rX", dir.to_str().unwrap()]);
+    dir
+}
+
+#[test]
+fn apt_installs_a_package_as_remapped_root() {
+    let cluster = cluster_or_skip!();
+    let image = cluster.image("debian:bookworm");
+    let debs = build_test_deb(&cluster);
+    let mounts = format!("--container-mounts={}:/debs:ro", debs.display());
+    for who in BOTH {
+        // apt's download method switches to user _apt; remapped root cannot
+        // really switch (setgroups/setgid are no-ops), so apt is told to stay.
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    "-N1",
+                    &format!("--container-image={image}"),
+                    "--container-remap-root",
+                    &mounts,
+                    "sh",
+                    "-c",
+                    "cd /debs && apt-get install -y -o APT::Sandbox::User=root \
+                     ./berth-hello.deb >/dev/null 2>&1; dpkg-query -W -f='${Status}\\n' \
+                     berth-hello; stat -c '%u:%g %n' /usr/share/berth-hello/hello.txt \
+                     /etc/berth-hello.conf /var/lib/dpkg/status; dpkg -r berth-hello \
+                     >/dev/null && test ! -e /etc/berth-hello.conf && echo removed",
+                ],
+            )
+            .ok();
+        let context = format!("{who:?}:\n{}\n{}", run.stdout, run.stderr);
+        assert!(run.stdout.contains("install ok installed\n"), "{context}");
+        for path in [
+            "/usr/share/berth-hello/hello.txt",
+            "/etc/berth-hello.conf",
+            "/var/lib/dpkg/status",
+        ] {
+            assert!(run.stdout.contains(&format!("0:0 {path}\n")), "{context}");
+        }
+        assert!(run.stdout.contains("removed"), "{context}");
+        // dpkg as the user (no remap-root) refuses, as on any system.
+        let run = cluster.srun(
+            who,
+            &[
+                "-N1",
+                &format!("--container-image={image}"),
+                &mounts,
+                "dpkg",
+                "-i",
+                "/debs/berth-hello.deb",
+            ],
+        );
+        if who == Submitter::User {
+            assert_ne!(run.code, 0, "{}", run.stdout);
+            assert!(
+                run.stderr.contains("requires superuser privilege"),
+                "{}",
+                run.stderr
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&debs);
+}
+
 #[test]
 fn whiteouts_hide_deleted_file_and_folder() {
     let cluster = cluster_or_skip!();
@@ -516,13 +664,11 @@ fn pyxis_options_through_srun() {
     std::fs::set_permissions(&src, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     std::fs::write(format!("{src}/f"), "x").unwrap();
     for who in BOTH {
-        // Writable (default) and read-only root file systems.
+        // Writable (default) and read-only root file systems; the image's
+        // files are the user's (see image_files_belong_to_the_user_inside).
         let probe = "touch /new 2>&1 && echo written; true";
         let run = cluster.srun(who, &[&image, "sh", "-c", probe]).ok();
-        match who {
-            Submitter::Root => assert!(run.stdout.contains("written"), "{}", run.stdout),
-            Submitter::User => assert!(run.stdout.contains("Permission denied"), "{}", run.stdout),
-        }
+        assert!(run.stdout.contains("written"), "{who:?}: {}", run.stdout);
         let run = cluster
             .srun(who, &[&image, "--container-readonly", "sh", "-c", probe])
             .ok();
@@ -650,4 +796,160 @@ fn pyxis_options_through_srun() {
         )
         .ok();
     assert_eq!(run.stdout.trim(), "from-image");
+}
+
+/// Issue 16's pyxis parity items, through srun: false WRITABLE/READONLY
+/// variables, readonly with writable, empty --container-env names, the
+/// unbindable mount flag, and the job's locale inside.
+#[test]
+fn pyxis_parity_of_flags_env_and_mounts() {
+    let cluster = cluster_or_skip!();
+    let image = format!("--container-image={}", cluster.image("busybox:latest"));
+    let probe = "touch /new 2>&1 && echo written; true";
+    // PYXIS_CONTAINER_WRITABLE=0 is read-only, READONLY=0 writable.
+    for (variable, value, expected) in [
+        ("PYXIS_CONTAINER_WRITABLE", "0", "Read-only file system"),
+        ("PYXIS_CONTAINER_READONLY", "0", "written"),
+        ("PYXIS_CONTAINER_READONLY", "1", "Read-only file system"),
+        ("BERTH_CONTAINER_WRITABLE", "no", "Read-only file system"),
+    ] {
+        let run = cluster
+            .slurm_env(
+                Submitter::User,
+                "srun",
+                &[&image, "sh", "-c", probe],
+                &[(variable, value)],
+            )
+            .ok();
+        assert!(
+            run.stdout.contains(expected),
+            "{variable}={value}: {}",
+            run.stdout
+        );
+    }
+    // Refused before any allocation, naming what is wrong.
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--container-readonly", "--container-writable"],
+            "--container-readonly and --container-writable given together",
+        ),
+        (
+            &["--container-writable", "--container-readonly"],
+            "--container-readonly and --container-writable given together",
+        ),
+        (&["--container-env="], "--container-env=: no variable named"),
+        (
+            &["--container-env=FOO,"],
+            "--container-env=FOO,: an empty variable name",
+        ),
+    ];
+    for (i, (options, expected)) in cases.iter().enumerate() {
+        let name = format!("berth-parity-{}-{i}", std::process::id());
+        let job_name = format!("--job-name={name}");
+        let mut args: Vec<&str> = vec![&job_name, &image];
+        args.extend_from_slice(options);
+        args.push("true");
+        let run = cluster.srun(Submitter::User, &args).failed();
+        assert!(run.stderr.contains(expected), "{options:?}: {}", run.stderr);
+        assert!(
+            !cluster.job_exists(&name),
+            "{options:?}: a job was allocated"
+        );
+    }
+    // An allocation's --container-readonly, then srun --container-writable in
+    // it: no conflict, the srun's own option wins.
+    let run = cluster
+        .slurm(
+            Submitter::User,
+            "salloc",
+            &[
+                "-N1",
+                "--container-readonly",
+                &image,
+                "srun",
+                "--container-writable",
+                "sh",
+                "-c",
+                probe,
+            ],
+        )
+        .ok();
+    assert!(
+        run.stdout.contains("written"),
+        "{}\n{}",
+        run.stdout,
+        run.stderr
+    );
+
+    // unbindable: the bind is made, read-only, and unbindable.
+    for who in BOTH {
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    &image,
+                    "--container-mounts=/tmp:/mnt:unbindable+ro",
+                    "sh",
+                    "-c",
+                    "grep ' /mnt ' /proc/self/mountinfo; touch /mnt/x 2>&1; true",
+                ],
+            )
+            .ok();
+        let line = run
+            .stdout
+            .lines()
+            .find(|l| l.contains(" /mnt "))
+            .unwrap_or_else(|| panic!("{who:?}: no /mnt mount:\n{}", run.stdout));
+        assert!(line.contains("unbindable"), "{who:?}: {line}");
+        assert!(
+            line.contains(" ro,") || line.contains(" ro "),
+            "{who:?}: {line}"
+        );
+        assert!(
+            run.stdout.contains("Read-only file system"),
+            "{who:?}: {}",
+            run.stdout
+        );
+    }
+
+    // The job's LANG, LANGUAGE and LC_ALL win over the image's Env; a
+    // locale variable the job lacks keeps the image's value.
+    let source = cluster.image("busybox:latest");
+    let target = cluster.image(&format!("berth-locale-{}:latest", std::process::id()));
+    common::push_with_env(&source, "LANG=C.image", &target, None);
+    let locale_image = format!("--container-image={target}");
+    let show = "echo LANG=$LANG LANGUAGE=$LANGUAGE LC_ALL=$LC_ALL";
+    let run = cluster
+        .slurm_env(
+            Submitter::User,
+            "srun",
+            &[&locale_image, "sh", "-c", show],
+            &[
+                ("LANG", "de_DE.UTF-8"),
+                ("LANGUAGE", "de:en"),
+                ("LC_ALL", "C.UTF-8"),
+            ],
+        )
+        .ok();
+    assert_eq!(
+        run.stdout.trim(),
+        "LANG=de_DE.UTF-8 LANGUAGE=de:en LC_ALL=C.UTF-8"
+    );
+    let run = cluster
+        .command_as(
+            common::TEST_USER,
+            "srun",
+            &[&locale_image, "sh", "-c", show],
+        )
+        .env_remove("LANG")
+        .env_remove("LANGUAGE")
+        .env_remove("LC_ALL")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&run.stdout).trim(),
+        "LANG=C.image LANGUAGE= LC_ALL=",
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
 }

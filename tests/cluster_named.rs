@@ -184,6 +184,7 @@ for i in $(seq 1 100); do
 done
 echo "exec:$out"
 $S --container-name=live cat /scratch/marker | sed 's/^/auto:/'
+$S --container-name=live --container-mounts=/etc:/joined-etc sh -c 'test -e /joined-etc && echo MOUNTED; true' 2>&1 | sed 's/^/mounts:/'
 $S --container-name=live:no_exec true 2>&1 | sed 's/^/no_exec-running:/'
 $S touch $stop
 wait $bg && echo step1-done
@@ -197,6 +198,14 @@ $S --container-name=live:exec true 2>&1 | sed 's/^/exec-after:/'
         let ctx = format!("{who:?}");
         assert_has(&out, "exec:inside", &ctx);
         assert_has(&out, "auto:inside", &ctx);
+        // Joining keeps the running container's mounts, and says so.
+        assert_has(
+            &out,
+            "warning: ignoring --container-mounts=/etc:/joined-etc: container 'live' is already \
+             running",
+            &ctx,
+        );
+        assert!(!out.contains("MOUNTED"), "{ctx}: {out}");
         assert_has(&out, "no_exec-running:", &ctx);
         assert_has(&out, "is running in another step", &ctx);
         assert_has(&out, "step1-done", &ctx);
@@ -489,4 +498,128 @@ $S --container-name=tosave --container-save={saved} {IMAGE_TMP} sh -c 'echo seco
         .ok();
     assert_eq!(run.stdout, "first\nsecond\n");
     let _ = std::fs::remove_file(&saved);
+}
+
+/// The ids `who`'s files have inside a container without remap-root: the
+/// image's root-owned files show as the user's own (pyxis + enroot do so too).
+fn ids_inside(who: Submitter) -> String {
+    let id = |flag: &str| {
+        let out = std::process::Command::new("id")
+            .args([flag, common::TEST_USER])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    match who {
+        Submitter::Root => "0:0".to_string(),
+        Submitter::User => format!("{}:{}", id("-u"), id("-g")),
+    }
+}
+
+/// `uid/gid` of `path` (inside the image) as stored in squashfs file `image`.
+fn owner_in_squashfs(image: &str, path: &str) -> String {
+    let listing = common::tool("unsquashfs", &["-lln", image, path]);
+    let line = listing
+        .lines()
+        .find(|l| l.ends_with(&format!("squashfs-root{path}")))
+        .unwrap_or_else(|| panic!("{path} not in {image}:\n{listing}"));
+    line.split_whitespace().nth(1).unwrap().to_string()
+}
+
+#[test]
+fn kept_and_saved_changes_of_image_files_keep_their_owners() {
+    let cluster = cluster_or_skip!();
+    let _scope = scope_lock();
+    let image = cluster.image("debian:bookworm");
+    let work = cluster.var("BERTH_TEST_WORKDIR");
+    for who in BOTH {
+        let ids = ids_inside(who);
+        let ctx = format!("{who:?}");
+        let named_saved = format!("{work}/owned-named-{who:?}-{}.sqfs", std::process::id());
+        let remapped_saved = format!("{work}/owned-remap-{who:?}-{}.sqfs", std::process::id());
+        // Writes in the image's own folders (root's on disk), kept by the
+        // named container from one step to the next, then saved.
+        let script = format!(
+            r#"
+$S --container-image={image} --container-name=owned sh -c 'echo kept > /etc/kept-file && mkdir /opt/kept-dir && rm /etc/issue' && echo step1-ok
+$S --container-name=owned --container-save={named_saved} sh -c 'cat /etc/kept-file; stat -c "%u:%g %n" /etc/kept-file /opt/kept-dir /etc; test -e /etc/issue || echo whiteout-kept; echo more >> /etc/kept-file && echo step2-writes'
+"#
+        );
+        let (run, _, _) = in_allocation(&cluster, who, &script);
+        let out = format!("{}\n{}", run.stdout, run.stderr);
+        assert_has(&out, "step1-ok", &ctx);
+        assert!(run.stdout.lines().any(|l| l == "kept"), "{ctx}: {out}");
+        for path in ["/etc/kept-file", "/opt/kept-dir", "/etc"] {
+            assert_has(&out, &format!("{ids} {path}\n"), &ctx);
+        }
+        assert_has(&out, "whiteout-kept", &ctx);
+        assert_has(&out, "step2-writes", &ctx);
+
+        // With remap-root, what "root" writes is the user's on the host and
+        // root's again in the saved image.
+        cluster
+            .srun(
+                who,
+                &[
+                    "-N1",
+                    &format!("--container-image={image}"),
+                    "--container-remap-root",
+                    &format!("--container-save={remapped_saved}"),
+                    "sh",
+                    "-c",
+                    "mkdir -p /var/lib/berth && echo saved > /var/lib/berth/saved-file && \
+                     chown root:root /var/lib/berth/saved-file",
+                ],
+            )
+            .ok();
+
+        // Saved: a normal image, owned by root inside, whoever saved it.
+        for (saved, path) in [
+            (&named_saved, "/etc/kept-file"),
+            (&named_saved, "/opt/kept-dir"),
+            (&named_saved, "/etc"),
+            (&named_saved, "/etc/passwd"),
+            (&remapped_saved, "/var/lib/berth/saved-file"),
+            (&remapped_saved, "/var/lib/berth"),
+            (&remapped_saved, "/var/lib"),
+        ] {
+            assert_eq!(
+                owner_in_squashfs(saved, path),
+                "0/0",
+                "{ctx}: {saved} {path}"
+            );
+        }
+        // Other owners stay theirs (Debian's /etc/shadow is root:shadow, 0/42).
+        assert_eq!(
+            owner_in_squashfs(&named_saved, "/etc/shadow"),
+            "0/42",
+            "{ctx}"
+        );
+        // Run again: the saved files are the user's inside, like the image's.
+        for (saved, path) in [
+            (&named_saved, "/etc/kept-file"),
+            (&remapped_saved, "/var/lib/berth/saved-file"),
+        ] {
+            let run = cluster
+                .srun(
+                    who,
+                    &[
+                        "-N1",
+                        &format!("--container-image={saved}"),
+                        "sh",
+                        "-c",
+                        &format!("cat {path}; stat -c %u:%g {path}; echo again >> {path} && echo rewritten"),
+                    ],
+                )
+                .ok();
+            assert!(
+                run.stdout.starts_with("kept\nmore\n") || run.stdout.starts_with("saved\n"),
+                "{ctx}: {}",
+                run.stdout
+            );
+            assert_has(&run.stdout, &format!("{ids}\nrewritten"), &ctx);
+        }
+        let _ = std::fs::remove_file(&named_saved);
+        let _ = std::fs::remove_file(&remapped_saved);
+    }
 }

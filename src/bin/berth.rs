@@ -476,6 +476,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             };
             let helper = std::env::current_exe().context("cannot find the berth executable")?;
             let container = spawn_holder(&helper, &spec, mode)?;
+            for warning in container.warnings() {
+                eprintln!("berth: warning: {warning}");
+            }
             let argv = if command.is_empty() {
                 vec!["/bin/sh".to_string()]
             } else {

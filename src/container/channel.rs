@@ -46,6 +46,9 @@ pub enum FromHolder {
         fuse_pids: Vec<i32>,
         /// What the image ENTRYPOINT left, when the spec asked to run it.
         entrypoint: Option<EntrypointOutcome>,
+        /// Things the user should know (the image could not be idmapped).
+        #[serde(default)]
+        warnings: Vec<String>,
     },
     /// Setup failed; `error` names the failing step and path.
     Failed {

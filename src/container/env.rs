@@ -2,6 +2,11 @@
 
 use crate::image::ImageConfig;
 
+/// The job's locale variables: passed into the container even when the image
+/// sets them and `--container-env` does not name them (as pyxis and enroot
+/// do), so programs speak the user's language.
+pub const JOB_LOCALE_VARIABLES: [&str; 3] = ["LANG", "LANGUAGE", "LC_ALL"];
+
 /// Builds a task's environment: every variable of the job passes through, and
 /// the image's `Env` entries override them (so the image's `PATH` wins).
 ///

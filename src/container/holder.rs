@@ -4,7 +4,10 @@
 //! Privileged mode (the holder is root, the container runs as `spec.user`):
 //!
 //! 1. private mount namespace; the image on a read-only, self-clearing loop
-//!    device, mounted as squashfs; a tmpfs-backed overlay on top as the root;
+//!    device, mounted as squashfs, then idmapped so that its root-owned files
+//!    are the user's ([`crate::container::idmap`]; when the kernel refuses,
+//!    they stay root's, with a warning); a tmpfs-backed overlay on top as the
+//!    root;
 //! 2. `/etc/passwd`, `/etc/group` and every mount point, written safely inside
 //!    the root (see [`crate::container::safepath`]);
 //! 3. host `/proc`, `/sys`, `/dev`, `/tmp`, `/etc/hosts`, `/etc/resolv.conf`;
@@ -41,6 +44,7 @@ use crate::container::creds;
 use crate::container::entrypoint;
 use crate::container::etcfiles::{group_content, passwd_content};
 use crate::container::fuse::{self, FuseMount};
+use crate::container::idmap::{self, IdSwap, MappingNamespace};
 use crate::container::loopdev::LoopDevice;
 use crate::container::mountplan::MountPlan;
 use crate::container::mounts::{self, StagingPaths};
@@ -118,8 +122,11 @@ fn serve(channel: &mut Channel) -> anyhow::Result<()> {
 
 fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Result<()> {
     let plan = MountPlan::new(spec, mounts::system_binds())?;
-    let root = mount_image_with_loop_device(spec).context("mounting the image")?;
-    prepare_root(&root, spec, &plan).context("preparing the root file system")?;
+    let image = mount_image_with_loop_device(spec).context("mounting the image")?;
+    // With the image mapped, what the holder creates in the root (the /etc
+    // files, mount points) is the user's too, like the image's own files.
+    let owner = image.mapped.then_some((spec.user.uid, spec.user.gid));
+    prepare_root(&image.root, spec, &plan, owner).context("preparing the root file system")?;
     let user = &spec.user;
     creds::become_user(user.uid, user.gid, &user.all_gids()).with_context(|| {
         format!(
@@ -131,7 +138,14 @@ fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Resu
         )
     })?;
     enter_user_namespace(channel, spec).context("creating the user namespace")?;
-    finish(channel, spec, &plan, &root, Vec::new())
+    finish(
+        channel,
+        spec,
+        &plan,
+        &image.root,
+        Vec::new(),
+        image.warnings,
+    )
 }
 
 fn build_unprivileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Result<()> {
@@ -144,13 +158,13 @@ fn build_unprivileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Re
     let plan = MountPlan::new(spec, mounts::system_binds())?;
     enter_user_namespace(channel, spec).context("creating the user namespace")?;
     let (root, daemons) = mount_image_with_fuse(spec).context("mounting the image")?;
-    prepare_root(&root, spec, &plan).context("preparing the root file system")?;
+    prepare_root(&root, spec, &plan, None).context("preparing the root file system")?;
     // The daemons must keep the host's root: one whose root or working
     // directory is its own mount deadlocks on the first path lookup. So they
     // stay in this mount namespace, and pivot_root happens in a new one.
     unshare(CloneFlags::CLONE_NEWNS)
         .context("cannot create the container's mount namespace (unshare CLONE_NEWNS)")?;
-    finish(channel, spec, &plan, &root, daemons)
+    finish(channel, spec, &plan, &root, daemons, Vec::new())
 }
 
 /// Enters a new mount namespace whose mounts are all private and returns
@@ -165,28 +179,106 @@ pub(crate) fn enter_private_staging() -> anyhow::Result<&'static Path> {
     Ok(staging)
 }
 
+/// The container's root as stage 1 left it.
+struct MountedImage {
+    /// The overlay, the root to be.
+    root: PathBuf,
+    /// Whether the image layer is idmapped (its files show as the user's).
+    mapped: bool,
+    /// For the user: why the image could not be mapped.
+    warnings: Vec<String>,
+}
+
 /// Stage 1, privileged: a private mount namespace; the image on a loop
-/// device, mounted as squashfs; a tmpfs-backed overlay on top. Returns the
-/// overlay's path.
-fn mount_image_with_loop_device(spec: &ContainerSpec) -> anyhow::Result<PathBuf> {
+/// device, mounted as squashfs and idmapped (see
+/// [`crate::container::idmap`]); a tmpfs-backed overlay on top.
+fn mount_image_with_loop_device(spec: &ContainerSpec) -> anyhow::Result<MountedImage> {
     let staging = enter_private_staging()?;
     let paths = prepare_staging(staging)?;
     {
         let reader = spec.image_reader.as_ref().unwrap_or(&spec.user);
         let device = LoopDevice::attach_read_only(&spec.squashfs, reader)?;
-        mounts::mount_squashfs(device.path(), &spec.squashfs, &paths.lower)?;
+        mounts::mount_squashfs(device.path(), &spec.squashfs, &paths.image)?;
         // Dropping `device` closes it: the mount keeps it busy, autoclear
         // frees it with the last unmount.
+    }
+    let mut warnings = Vec::new();
+    let swap = IdSwap {
+        uid: spec.user.uid,
+        gid: spec.user.gid,
+    };
+    let mut mapped = false;
+    if !swap.is_identity() {
+        match map_image(&paths, swap) {
+            Ok(()) => mapped = true,
+            Err(err) => warnings.push(unmapped_warning(spec, &format!("{err:#}"))),
+        }
     }
     let (upper, work) = match &spec.upper_dir {
         Some(dir) => (dir.join("upper"), dir.join("work")),
         None => (paths.upper.clone(), paths.work.clone()),
     };
-    if is_empty_dir(&upper)? {
-        copy_root_attributes(&paths.lower, &upper)?;
+    let mut lower = if mapped { &paths.lower } else { &paths.image };
+    give_upper_root_attributes(lower, &upper, mapped)?;
+    if let Err(err) = mounts::mount_overlay(lower, &upper, &work, &paths.root) {
+        if !mapped {
+            return Err(err);
+        }
+        // An older kernel maps squashfs but cannot stack an overlay on it.
+        warnings.push(unmapped_warning(spec, &format!("{err:#}")));
+        mapped = false;
+        lower = &paths.image;
+        give_upper_root_attributes(lower, &upper, mapped)?;
+        mounts::mount_overlay(lower, &upper, &work, &paths.root)?;
     }
-    mounts::mount_overlay(&paths.lower, &upper, &work, &paths.root)?;
-    Ok(paths.root)
+    if let (true, Some(dir)) = (mapped, &spec.upper_dir) {
+        swap.record(dir)?;
+    }
+    Ok(MountedImage {
+        root: paths.root,
+        mapped,
+        warnings,
+    })
+}
+
+/// Mounts `paths.image` again on `paths.lower`, idmapped by `swap`.
+fn map_image(paths: &StagingPaths, swap: IdSwap) -> anyhow::Result<()> {
+    let namespace = MappingNamespace::swapping(swap)
+        .context("cannot create a user namespace for the id mapping")?;
+    mounts::bind_idmapped(&paths.image, &paths.lower, namespace.fd()).with_context(|| {
+        format!(
+            "cannot make an idmapped mount of {} on {}",
+            paths.image.display(),
+            paths.lower.display()
+        )
+    })
+}
+
+/// The warning when the image stays owned by root: the container still
+/// runs, as without idmapped mounts.
+fn unmapped_warning(spec: &ContainerSpec, why: &str) -> String {
+    format!(
+        "the files of image {} stay owned by root (they show as nobody in the container, so \
+         you cannot change files of the image): {why}; this needs {}",
+        spec.squashfs.display(),
+        idmap::KERNEL_REQUIREMENT
+    )
+}
+
+/// Gives a fresh upper folder the owner and mode of the image's root, and
+/// also one kept from before images were mapped (owned by root while the
+/// mapped image's root is the user's), so that `/` is the user's to write.
+fn give_upper_root_attributes(lower: &Path, upper: &Path, mapped: bool) -> anyhow::Result<()> {
+    let fresh = is_empty_dir(upper)?;
+    let kept_from_unmapped = mapped
+        && std::fs::metadata(upper)
+            .with_context(|| format!("cannot stat {}", upper.display()))?
+            .uid()
+            == 0;
+    if fresh || kept_from_unmapped {
+        copy_root_attributes(lower, upper)?;
+    }
+    Ok(())
 }
 
 /// Stage 1, unprivileged (inside our user namespace): squashfuse for the
@@ -205,8 +297,17 @@ fn mount_image_with_fuse(spec: &ContainerSpec) -> anyhow::Result<(PathBuf, Vec<F
 
 /// Stages 2 and 3, still with the holder's first credentials: `/etc/passwd`,
 /// `/etc/group`, a mount point for every bind, and the host's directories.
-fn prepare_root(root_path: &Path, spec: &ContainerSpec, plan: &MountPlan) -> anyhow::Result<()> {
-    let root = open_root(root_path)?;
+/// With `owner` (uid, gid), what is created in the root gets that owner.
+fn prepare_root(
+    root_path: &Path,
+    spec: &ContainerSpec,
+    plan: &MountPlan,
+    owner: Option<(u32, u32)>,
+) -> anyhow::Result<()> {
+    let mut root = open_root(root_path)?;
+    if let Some((uid, gid)) = owner {
+        root = root.owning_new_entries(uid, gid);
+    }
     let user = spec.user_inside();
     write_etc_file(&root, "/etc/passwd", &user, passwd_content)?;
     write_etc_file(&root, "/etc/group", &user, group_content)?;
@@ -277,9 +378,11 @@ fn finish(
     plan: &MountPlan,
     root_path: &Path,
     daemons: Vec<FuseMount>,
+    warnings: Vec<String>,
 ) -> anyhow::Result<()> {
-    // A descriptor opened before unshare names the old namespace's mounts:
-    // open the root again in this one.
+    mounts::bind_onto_itself(root_path).context("entering the root file system")?;
+    // A descriptor opened before unshare (or the bind) names other mounts:
+    // open the root again, on the bind of this namespace.
     let root = open_root(root_path).context("mounting your directories")?;
     for mount in &plan.user {
         mounts::apply(&root, mount).context("mounting your directories")?;
@@ -307,6 +410,7 @@ fn finish(
         pid: std::process::id() as i32,
         fuse_pids: daemons.iter().map(FuseMount::pid).collect(),
         entrypoint,
+        warnings,
     })?;
     expect(channel, ToHolder::Release)?;
     for daemon in daemons {
@@ -320,7 +424,13 @@ fn finish(
 fn prepare_staging(base: &Path) -> anyhow::Result<StagingPaths> {
     mounts::mount_tmpfs(base)?;
     let paths = StagingPaths::under(base);
-    for dir in [&paths.lower, &paths.upper, &paths.work, &paths.root] {
+    for dir in [
+        &paths.image,
+        &paths.lower,
+        &paths.upper,
+        &paths.work,
+        &paths.root,
+    ] {
         std::fs::create_dir(dir)
             .with_context(|| format!("cannot create staging directory {}", dir.display()))?;
     }

@@ -47,6 +47,8 @@ pub struct Container {
     owner_pid: u32,
     /// What the image ENTRYPOINT left at creation, when it ran.
     entrypoint: Option<EntrypointOutcome>,
+    /// What the holder warned about at creation.
+    warnings: Vec<String>,
 }
 
 /// The step of entering a container that failed.
@@ -102,7 +104,18 @@ impl Container {
             daemons,
             owner_pid: std::process::id(),
             entrypoint: None,
+            warnings: Vec::new(),
         }
+    }
+
+    pub(crate) fn set_warnings(&mut self, warnings: Vec<String>) {
+        self.warnings = warnings;
+    }
+
+    /// What the user should know about how the container was built (the
+    /// image's files could not be made the user's, ...).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
     }
 
     pub(crate) fn set_entrypoint_outcome(&mut self, outcome: Option<EntrypointOutcome>) {

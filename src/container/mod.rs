@@ -31,6 +31,7 @@ pub mod env;
 pub mod etcfiles;
 mod fuse;
 pub mod holder;
+pub mod idmap;
 mod join;
 pub mod loopdev;
 pub mod mountplan;

@@ -5,6 +5,7 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
@@ -330,14 +331,37 @@ fn bind_tree(source: &Path, target: BorrowedFd<'_>, attributes: u64) -> anyhow::
     attach_tree(tree.as_fd(), target).context("cannot attach the mount")
 }
 
+/// Bind-mounts the mount at (or the folder) `source`, without the mounts
+/// below it, onto `target` with the id mapping of user namespace `userns`
+/// (an idmapped mount, see [`crate::container::idmap`]). The clone is
+/// mapped while still detached, so `target` never shows the unmapped ids.
+pub fn bind_idmapped(source: &Path, target: &Path, userns: BorrowedFd<'_>) -> io::Result<()> {
+    const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+    let tree = clone_tree_of(source, false)?;
+    set_attributes_with(tree.as_fd(), MOUNT_ATTR_IDMAP, 0, false, Some(userns))?;
+    let target = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(target)?;
+    attach_tree(tree.as_fd(), target.as_fd())
+}
+
 /// open_tree(2) with OPEN_TREE_CLONE | AT_RECURSIVE: a detached copy of the
 /// mount tree at `source`.
 fn clone_tree(source: &Path) -> io::Result<OwnedFd> {
+    clone_tree_of(source, true)
+}
+
+/// open_tree(2) with OPEN_TREE_CLONE: a detached copy of the mount at
+/// `source`, with the mounts below it when `recursive`.
+fn clone_tree_of(source: &Path, recursive: bool) -> io::Result<OwnedFd> {
     const OPEN_TREE_CLONE: libc::c_uint = 1;
     let source = CString::new(source.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
-    let flags =
-        OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_RECURSIVE as libc::c_uint;
+    let mut flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint;
+    if recursive {
+        flags |= libc::AT_RECURSIVE as libc::c_uint;
+    }
     // SAFETY: `source` is a valid NUL-terminated path that outlives the call.
     let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, source.as_ptr(), flags) };
     if fd < 0 {
@@ -410,6 +434,18 @@ fn set_attributes(
     propagation: u64,
     recursive: bool,
 ) -> io::Result<()> {
+    set_attributes_with(mount_root, set, propagation, recursive, None)
+}
+
+/// [`set_attributes`], with the user namespace whose mapping
+/// `MOUNT_ATTR_IDMAP` takes.
+fn set_attributes_with(
+    mount_root: BorrowedFd<'_>,
+    set: u64,
+    propagation: u64,
+    recursive: bool,
+    userns: Option<BorrowedFd<'_>>,
+) -> io::Result<()> {
     /// `struct mount_attr` of `<linux/mount.h>`.
     #[repr(C)]
     struct MountAttr {
@@ -422,7 +458,7 @@ fn set_attributes(
         attr_set: set,
         attr_clr: 0,
         propagation,
-        userns_fd: 0,
+        userns_fd: userns.map_or(0, |fd| fd.as_raw_fd() as u64),
     };
     let mut flags = libc::AT_EMPTY_PATH;
     if recursive {
@@ -446,12 +482,11 @@ fn set_attributes(
     Ok(())
 }
 
-/// Makes `new_root` the root of the current mount namespace and detaches the
-/// old root with everything under it; the working directory ends up at `/`.
-///
-/// `new_root` is first bind-mounted onto itself: pivot_root(2) refuses a root
-/// that is not a mount of this namespace's own (EINVAL in a new user namespace).
-pub fn pivot_into(new_root: &Path) -> anyhow::Result<()> {
+/// Bind-mounts `new_root` (with the mounts below it) onto itself, so that it
+/// is a mount of the current namespace's own: pivot_root(2) refuses a root
+/// that is not (EINVAL in a new user namespace). Done before the user's
+/// mounts are added on top: a recursive bind leaves out unbindable mounts.
+pub fn bind_onto_itself(new_root: &Path) -> anyhow::Result<()> {
     mount(
         Some(new_root),
         new_root,
@@ -464,7 +499,13 @@ pub fn pivot_into(new_root: &Path) -> anyhow::Result<()> {
             "cannot bind the container root {} onto itself",
             new_root.display()
         )
-    })?;
+    })
+}
+
+/// Makes `new_root` (bound onto itself, see [`bind_onto_itself`]) the root of
+/// the current mount namespace and detaches the old root with everything
+/// under it; the working directory ends up at `/`.
+pub fn pivot_into(new_root: &Path) -> anyhow::Result<()> {
     nix::unistd::chdir(new_root)
         .with_context(|| format!("cannot enter the container root {}", new_root.display()))?;
     nix::unistd::pivot_root(".", ".")
@@ -477,7 +518,10 @@ pub fn pivot_into(new_root: &Path) -> anyhow::Result<()> {
 /// Directory names under a staging directory.
 #[derive(Debug, Clone)]
 pub struct StagingPaths {
-    /// Where the image is mounted.
+    /// Where the image's squashfs is mounted (privileged mode).
+    pub image: PathBuf,
+    /// The overlay's lower layer: the image, idmapped (or, unprivileged,
+    /// through squashfuse).
     pub lower: PathBuf,
     /// The overlay's upper (writable) layer.
     pub upper: PathBuf,
@@ -491,6 +535,7 @@ impl StagingPaths {
     /// The paths under `base`.
     pub fn under(base: &Path) -> StagingPaths {
         StagingPaths {
+            image: base.join("image"),
             lower: base.join("lower"),
             upper: base.join("upper"),
             work: base.join("work"),

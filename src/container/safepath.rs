@@ -41,6 +41,8 @@ pub struct RootDir {
     path: PathBuf,
     /// `RESOLVE_*` bits added to every lookup.
     resolve: u64,
+    /// The (uid, gid) given to what this root creates; `None`: the caller's.
+    new_owner: Option<(u32, u32)>,
 }
 
 impl RootDir {
@@ -54,6 +56,7 @@ impl RootDir {
             fd: file.into(),
             path: path.to_path_buf(),
             resolve: 0,
+            new_owner: None,
         })
     }
 
@@ -67,7 +70,17 @@ impl RootDir {
             fd: self.fd.try_clone()?,
             path: self.path.clone(),
             resolve: self.resolve | libc::RESOLVE_NO_XDEV,
+            new_owner: self.new_owner,
         })
+    }
+
+    /// The same root, giving every file and directory it creates from now on
+    /// (by [`RootDir::write_file`] and the `ensure` calls) this owner.
+    pub fn owning_new_entries(self, uid: u32, gid: u32) -> RootDir {
+        RootDir {
+            new_owner: Some((uid, gid)),
+            ..self
+        }
     }
 
     /// The host path this root was opened from (for messages).
@@ -137,6 +150,7 @@ impl RootDir {
         let mut file = unsafe { File::from_raw_fd(raw) };
         let written = file
             .write_all(contents)
+            .and_then(|()| self.give_owner(raw))
             .and_then(|()| nix::sys::stat::fchmod(raw, file_mode).map_err(io::Error::from));
         drop(file);
         let renamed = written.and_then(|()| {
@@ -190,16 +204,43 @@ impl RootDir {
             return Err(io::Error::from_raw_os_error(libc::ENOENT));
         };
         let dir = self.ensure_parts(parent, Kind::Dir)?;
-        match create_at(dir.as_fd(), name, kind) {
+        let created = match create_at(dir.as_fd(), name, kind) {
             Err(Errno::EEXIST) if is_symlink_at(dir.as_fd(), name) => {
                 // A dangling symlink (it did not resolve above): replace it.
                 unlinkat(Some(dir.as_raw_fd()), *name, UnlinkatFlags::NoRemoveDir)?;
                 create_at(dir.as_fd(), name, kind)?;
+                true
             }
-            Err(Errno::EEXIST) | Ok(()) => {}
+            Err(Errno::EEXIST) => false,
+            Ok(()) => true,
             Err(err) => return Err(err.into()),
+        };
+        if created {
+            if let Some((uid, gid)) = self.new_owner {
+                // What was just made in `dir`, not followed if a link.
+                nix::unistd::fchownat(
+                    Some(dir.as_raw_fd()),
+                    *name,
+                    Some(nix::unistd::Uid::from_raw(uid)),
+                    Some(nix::unistd::Gid::from_raw(gid)),
+                    AtFlags::AT_SYMLINK_NOFOLLOW,
+                )?;
+            }
         }
         self.resolve_parts(parts)
+    }
+
+    /// fchown of a descriptor to [`RootDir::owning_new_entries`]'s owner.
+    fn give_owner(&self, fd: RawFd) -> io::Result<()> {
+        match self.new_owner {
+            Some((uid, gid)) => nix::unistd::fchown(
+                fd,
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+            )
+            .map_err(io::Error::from),
+            None => Ok(()),
+        }
     }
 }
 

@@ -5,7 +5,9 @@
 //! The helper (`berth __save REQUEST`, full root) works in a private mount
 //! namespace: the image on a loop device, a read-only overlay of the upper
 //! folder on top of it (the kernel applies the whiteouts), then `gensquashfs`
-//! packs that tree. The output is created and renamed into place with the
+//! packs that tree. An upper folder written through a mapped image (its
+//! files the user's, see [`crate::container::idmap`]) is mounted with the
+//! mapping undone, so the saved image is root's like any other. The output is created and renamed into place with the
 //! user's ids, so the user's own permissions decide where it may go; root
 //! only reads. Everything mounted vanishes with the helper.
 
@@ -20,6 +22,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::container::holder::enter_private_staging;
+use crate::container::idmap::{IdSwap, MappingNamespace};
 use crate::container::loopdev::LoopDevice;
 use crate::container::mounts;
 use crate::container::spec::UserIdentity;
@@ -125,8 +128,9 @@ pub fn save(request: &SaveRequest) -> Result<()> {
     let staging = enter_private_staging()?;
     mounts::mount_tmpfs(staging)?;
     let lower = staging.join("lower");
+    let mapped_upper = staging.join("upper");
     let root = staging.join("root");
-    for dir in [&lower, &root] {
+    for dir in [&lower, &mapped_upper, &root] {
         std::fs::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     {
@@ -143,7 +147,14 @@ pub fn save(request: &SaveRequest) -> Result<()> {
         let device = LoopDevice::attach_read_only(&request.squashfs, &reader)?;
         mounts::mount_squashfs(device.path(), &request.squashfs, &lower)?;
     }
-    mounts::mount_overlay_read_only(&[&request.upper, &lower], &root)?;
+    let upper = match upper_swap(request)? {
+        Some(swap) => {
+            map_upper(&request.upper, &mapped_upper, swap)?;
+            &mapped_upper
+        }
+        None => &request.upper,
+    };
+    mounts::mount_overlay_read_only(&[upper, &lower], &root)?;
 
     let temp = temp_path(&request.output);
     let file = as_user(request, || {
@@ -169,6 +180,30 @@ pub fn save(request: &SaveRequest) -> Result<()> {
         let _ = as_user(request, || std::fs::remove_file(&temp));
     }
     placed
+}
+
+/// The id swap the container's upper folder was written with (see
+/// [`crate::container::idmap`]), when its image was mapped.
+fn upper_swap(request: &SaveRequest) -> Result<Option<IdSwap>> {
+    let Some(overlay_dir) = request.upper.parent() else {
+        return Ok(None);
+    };
+    Ok(IdSwap::recorded(overlay_dir)?.filter(|swap| !swap.is_identity()))
+}
+
+/// Mounts `upper` on `target` with `swap` undone: the user's files become
+/// root's again, as in the image, and the image's other owners stay theirs.
+fn map_upper(upper: &Path, target: &Path, swap: IdSwap) -> Result<()> {
+    let namespace = MappingNamespace::swapping(swap)
+        .context("cannot create a user namespace for the id mapping")?;
+    mounts::bind_idmapped(upper, target, namespace.fd()).with_context(|| {
+        format!(
+            "cannot map uid {} back to root in the saved image: no idmapped mount of {} \
+             (its file system must support idmapped mounts)",
+            swap.uid,
+            upper.display()
+        )
+    })
 }
 
 /// `.NAME.berth-save-PID` next to `output`.

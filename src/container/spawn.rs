@@ -120,6 +120,7 @@ fn drive(
             FromHolder::Ready {
                 fuse_pids,
                 entrypoint,
+                warnings,
                 ..
             } => {
                 let user_ns = open_namespace(pid, "user")?;
@@ -138,6 +139,7 @@ fn drive(
                     .collect::<anyhow::Result<Vec<_>>>()?;
                 let mut container = Container::new(user_ns, mount_ns, namespaces, spec, daemons);
                 container.set_entrypoint_outcome(entrypoint);
+                container.set_warnings(warnings);
                 channel.send(&ToHolder::Release)?;
                 return Ok(container);
             }

@@ -74,8 +74,12 @@ fn start_as_root(
             if let Some(workdir) = &ctx.options.workdir {
                 spec.workdir = Some(workdir.clone());
             }
-            if ctx.options.mounts.is_some() {
-                handle::log_info("ignoring --container-mounts when joining a running container");
+            if let Some(mounts) = &ctx.options.mounts {
+                handle::log_user(&format!(
+                    "{}: warning: ignoring --container-mounts={mounts}: container '{}' is \
+                     already running (step {}.{}) and keeps its mounts",
+                    ctx.node, key.name, record.job, record.step
+                ));
             }
             let container = record.open_with(&spec).map_err(describe)?;
             let holds = existing.as_ref().map(hold).transpose()?;
@@ -153,6 +157,7 @@ fn build(
             )
         })?;
     super::remote::report_entrypoint(ctx, &container);
+    super::remote::report_warnings(ctx, &container);
     Ok((container, spec))
 }
 

@@ -368,11 +368,13 @@ pub fn apply_env_defaults(getenv: impl Fn(&str) -> Option<String>) -> Result<(),
             continue;
         }
         // A flag: the variable is a boolean; false means "not given", except
-        // for the pairs whose variable also says the opposite.
+        // for the pairs whose variable also says the opposite (as in pyxis,
+        // WRITABLE=0 is read-only and READONLY=0 writable).
         let on = parse_bool(&value)
             .ok_or_else(|| stands_for("expected 1/true/yes/y or 0/false/no/n".to_string()))?;
         match (def.setting, on) {
             (setting, true) => values.set(setting, String::new()),
+            (Setting::Writable(writable), false) => values.writable = Some(!writable),
             (Setting::MountHome(_), false) => values.mount_home = Some(false),
             (Setting::RemapRoot(_), false) => values.remap_root = Some(false),
             (Setting::Entrypoint(_), false) => values.entrypoint = Some(false),
@@ -493,14 +495,17 @@ fn check_save_path(value: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The names listed in `--container-env`.
+/// The names listed in `--container-env`; an empty list or name is refused
+/// (`--container-env=`, `FOO,`), as is a name that is not a variable name.
 pub fn env_names(value: &str) -> Result<Vec<String>, String> {
-    let names: Vec<String> = value
-        .split(',')
-        .map(str::trim)
-        .filter(|n| !n.is_empty())
-        .map(str::to_string)
-        .collect();
+    let names: Vec<String> = value.split(',').map(|n| n.trim().to_string()).collect();
+    if names.iter().any(String::is_empty) {
+        return Err(if value.trim().is_empty() {
+            "no variable named; give NAME[,NAME...] or drop the option".to_string()
+        } else {
+            "an empty variable name (a ',' too many?); give NAME[,NAME...]".to_string()
+        });
+    }
     for name in &names {
         let valid = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
             && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
@@ -537,10 +542,66 @@ fn take_option(val: c_int, optarg: *const c_char) -> Result<(), String> {
         check_value(def.setting, &value)
             .map_err(|reason| format!("{}={value}: {reason}", def.display_name))?;
     }
+    if let Setting::Writable(writable) = def.setting {
+        WRITABLE_FLAGS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(writable);
+    }
     VALUES
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .set(def.setting, value);
+    Ok(())
+}
+
+/// `--container-writable` (true) and `--container-readonly` (false), in the
+/// order Slurm called their callbacks.
+static WRITABLE_FLAGS: Mutex<Vec<bool>> = Mutex::new(Vec::new());
+
+/// The variables in which Slurm hands an allocation's options to the `srun`s
+/// inside it (processed before srun's own command line).
+const INHERITED_WRITABLE: &str = "SLURM_SPANK__SLURM_SPANK_OPTION_berth_container_writable";
+const INHERITED_READONLY: &str = "SLURM_SPANK__SLURM_SPANK_OPTION_berth_container_readonly";
+
+/// Lets the flag of the command line win when one of `--container-writable`
+/// and `--container-readonly` is inherited from the allocation (`getenv`
+/// knows its `SLURM_SPANK__` variable) and the other is not: Slurm calls
+/// the callbacks of inherited options first in srun, and in its own order in
+/// slurmstepd. With `refuse`, both on one command line (srun, sbatch,
+/// salloc) are an error.
+pub fn settle_writable_flags(
+    getenv: impl Fn(&str) -> Option<String>,
+    refuse: bool,
+) -> Result<(), String> {
+    let given = WRITABLE_FLAGS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let inherited_writable = getenv(INHERITED_WRITABLE).is_some();
+    let inherited_readonly = getenv(INHERITED_READONLY).is_some();
+    let mut own = given.clone();
+    for (flag, inherited) in [(true, inherited_writable), (false, inherited_readonly)] {
+        if let Some(index) = own.iter().position(|f| *f == flag).filter(|_| inherited) {
+            own.remove(index);
+        }
+    }
+    if refuse && own.contains(&true) && own.contains(&false) {
+        return Err(
+            "--container-readonly and --container-writable given together: keep one of them"
+                .to_string(),
+        );
+    }
+    if given.contains(&true) && given.contains(&false) {
+        let writable = match (inherited_writable, inherited_readonly) {
+            (false, true) => Some(true),
+            (true, false) => Some(false),
+            _ => None,
+        };
+        if let Some(writable) = writable {
+            VALUES.lock().unwrap_or_else(|p| p.into_inner()).writable = Some(writable);
+        }
+    }
     Ok(())
 }
 
@@ -684,6 +745,86 @@ mod tests {
         apply_env_defaults(entrypoint("1")).unwrap();
         assert_eq!(current().entrypoint, Some(false), "the command line wins");
         reset();
+    }
+
+    #[test]
+    fn false_writable_and_readonly_variables_say_the_opposite() {
+        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        for (variable, value, writable) in [
+            ("PYXIS_CONTAINER_WRITABLE", "0", Some(false)),
+            ("PYXIS_CONTAINER_WRITABLE", "1", Some(true)),
+            ("PYXIS_CONTAINER_READONLY", "no", Some(true)),
+            ("PYXIS_CONTAINER_READONLY", "yes", Some(false)),
+            ("BERTH_CONTAINER_WRITABLE", "false", Some(false)),
+            ("BERTH_CONTAINER_READONLY", "n", Some(true)),
+        ] {
+            reset();
+            apply_env_defaults(|n| (n == variable).then(|| value.to_string())).unwrap();
+            assert_eq!(current().writable, writable, "{variable}={value}");
+        }
+        // The command line still wins.
+        reset();
+        VALUES
+            .lock()
+            .unwrap()
+            .set(Setting::Writable(true), String::new());
+        apply_env_defaults(|n| (n == "PYXIS_CONTAINER_WRITABLE").then(|| "0".into())).unwrap();
+        assert_eq!(current().writable, Some(true));
+        reset();
+    }
+
+    #[test]
+    fn readonly_and_writable_together_are_refused_unless_one_is_inherited() {
+        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let given = |flags: &[bool]| {
+            reset();
+            *WRITABLE_FLAGS.lock().unwrap() = flags.to_vec();
+            if let Some(last) = flags.last() {
+                VALUES.lock().unwrap().writable = Some(*last);
+            }
+        };
+        let none = |_: &str| None;
+        given(&[true, false]);
+        let e = settle_writable_flags(none, true).unwrap_err();
+        assert!(
+            e.contains("--container-readonly and --container-writable"),
+            "{e}"
+        );
+        given(&[false, true]);
+        assert!(settle_writable_flags(none, true).is_err());
+        given(&[true, true]);
+        assert!(settle_writable_flags(none, true).is_ok());
+        given(&[false]);
+        assert!(settle_writable_flags(none, true).is_ok());
+        assert_eq!(current().writable, Some(false));
+        // sbatch --container-readonly, then srun --container-writable inside,
+        // in either order of the callbacks: the srun's flag wins.
+        let inherited = |n: &str| (n == INHERITED_READONLY).then(|| "(null)".to_string());
+        for order in [[false, true], [true, false]] {
+            given(&order);
+            assert!(settle_writable_flags(inherited, true).is_ok(), "{order:?}");
+            assert_eq!(current().writable, Some(true), "{order:?}");
+        }
+        // ... but both on srun's own command line still conflict.
+        given(&[false, false, true]);
+        assert!(settle_writable_flags(inherited, true).is_err());
+        // slurmstepd may see the inherited flag twice; it never refuses.
+        given(&[true, false, false]);
+        assert!(settle_writable_flags(inherited, false).is_ok());
+        assert_eq!(current().writable, Some(true));
+        given(&[]);
+        assert!(settle_writable_flags(none, true).is_ok());
+        assert_eq!(current().writable, None);
+    }
+
+    #[test]
+    fn empty_environment_names_are_refused() {
+        for value in ["", " ", "FOO,", ",FOO", "FOO,,BAR"] {
+            let e = validate("container-env", value).unwrap_err();
+            assert!(e.contains("--container-env="), "{value:?}: {e}");
+            assert!(e.contains("NAME[,NAME...]"), "{value:?}: {e}");
+        }
+        assert_eq!(env_names("FOO, BAR").unwrap(), vec!["FOO", "BAR"]);
     }
 
     #[test]

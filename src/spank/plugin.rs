@@ -108,6 +108,7 @@ pub extern "C" fn slurm_spank_init_post_opt(
         match handle::context() {
             Context::Allocator if !config().sbatch_support => Ok(()),
             Context::Local | Context::Allocator => {
+                options::settle_writable_flags(|name| std::env::var(name).ok(), true)?;
                 options::apply_env_defaults(|name| std::env::var(name).ok())?;
                 let options = options::current();
                 local::check_options(&options)?;

@@ -19,6 +19,7 @@ use super::named_step::NamedUse;
 use super::options::{self, env_names, JobOptions};
 use crate::config::Config;
 use crate::container::entrypoint::EntrypointRun;
+use crate::container::env::JOB_LOCALE_VARIABLES;
 use crate::container::save::{check_output, SaveRequest, SAVE_ARG};
 use crate::container::spec::{parse_mounts, ContainerSpec, MountSpec, Namespace, UserIdentity};
 use crate::container::{spawn_holder, task_env, Container, Mode};
@@ -152,6 +153,8 @@ pub fn user_init(spank: &Spank, config: &Config) -> Result<(), String> {
 }
 
 fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
+    // Here, not in init_post_opt: the job's environment is readable now.
+    options::settle_writable_flags(|name| spank.getenv(name), false)?;
     let mut options = options::current();
     if let Some(image) = options.image.take() {
         let pin = spank.getenv(super::resolve::PIN_VARIABLE);
@@ -275,6 +278,7 @@ fn start_unnamed(ctx: &StepContext) -> Result<(StepContainer, String), String> {
         ));
     }
     report_entrypoint(ctx, &container);
+    report_warnings(ctx, &container);
     let step = StepContainer {
         container,
         keep_job_env: keep_job_env(&ctx.options)?,
@@ -392,6 +396,14 @@ pub(super) fn build_spec(ctx: &StepContext, stored: &StoredImage) -> Result<Cont
     Ok(spec)
 }
 
+/// Shows the holder's warnings (an image that could not be idmapped) on
+/// srun's stderr, one line each, with the node's name.
+pub(super) fn report_warnings(ctx: &StepContext, container: &Container) {
+    for warning in container.warnings() {
+        handle::log_user(&format!("{}: warning: {warning}", ctx.node));
+    }
+}
+
 /// Logs what the image ENTRYPOINT did at creation and, with
 /// `--container-entrypoint-log`, shows its output to the user.
 pub(super) fn report_entrypoint(ctx: &StepContext, container: &Container) {
@@ -414,12 +426,20 @@ pub(super) fn report_entrypoint(ctx: &StepContext, container: &Container) {
     }
 }
 
-/// `--container-env`'s names.
+/// The variables whose job value wins over the image's (and the
+/// ENTRYPOINT's): `--container-env`'s names and the job's locale
+/// ([`JOB_LOCALE_VARIABLES`]).
 pub(super) fn keep_job_env(options: &JobOptions) -> Result<Vec<String>, String> {
-    match &options.env {
-        Some(list) => env_names(list).map_err(|e| format!("--container-env={list}: {e}")),
-        None => Ok(Vec::new()),
+    let mut names = match &options.env {
+        Some(list) => env_names(list).map_err(|e| format!("--container-env={list}: {e}"))?,
+        None => Vec::new(),
+    };
+    for locale in JOB_LOCALE_VARIABLES {
+        if !names.iter().any(|n| n == locale) {
+            names.push(locale.to_string());
+        }
     }
+    Ok(names)
 }
 
 /// Joins the calling task to the step's container and applies the image env.
