@@ -242,6 +242,24 @@ pub(crate) fn open_as(image: &Path, reader: &UserIdentity) -> io::Result<File> {
     })
 }
 
+/// Whether this process may take `uid`'s file-system identity: `uid` is
+/// mapped in its user namespace and `setgroups` is allowed there. Neither
+/// holds in a namespace the user made (the unprivileged CLI), where the
+/// kernel already checks as the user.
+fn may_switch_to(uid: u32) -> bool {
+    let denied = std::fs::read_to_string("/proc/self/setgroups").is_ok_and(|s| s.trim() == "deny");
+    !denied
+        && std::fs::read_to_string("/proc/self/uid_map").is_ok_and(|map| uid_is_mapped(&map, uid))
+}
+
+/// Whether a line `INSIDE OUTSIDE COUNT` of a uid map covers `uid`.
+fn uid_is_mapped(map: &str, uid: u32) -> bool {
+    map.lines().any(|line| {
+        let n: Vec<u64> = line.split_whitespace().filter_map(|f| f.parse().ok()).collect();
+        matches!(n[..], [inside, _, count] if inside <= u64::from(uid) && u64::from(uid) < inside + count)
+    })
+}
+
 /// Runs `f` (a file-system call) as `reader` would: this thread's
 /// file-system uid, gid and groups become the user's for the call (raw
 /// system calls, which change the calling thread only; the kernel drops
@@ -254,7 +272,9 @@ pub(crate) fn as_reader<T>(
     f: impl FnOnce() -> io::Result<T>,
 ) -> io::Result<T> {
     // SAFETY: geteuid never fails.
-    if unsafe { libc::geteuid() } != 0 || reader.uid == 0 {
+    if unsafe { libc::geteuid() } != 0 || reader.uid == 0 || !may_switch_to(reader.uid) {
+        // Not root, or root of a namespace the user made (the unprivileged
+        // CLI), where the kernel already checks as the user.
         return f();
     }
     let saved_groups = thread_groups()?;
@@ -312,6 +332,21 @@ fn thread_groups() -> io::Result<Vec<libc::gid_t>> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn switches_need_a_mapped_uid() {
+        // The initial namespace maps every id; a namespace the user made
+        // with remap-root maps only 0 (tests/container_runtime.rs
+        // `remap_root_shows_root_inside_and_the_user_outside`, unprivileged).
+        assert!(uid_is_mapped("         0          0 4294967295\n", 1001));
+        assert!(!uid_is_mapped("         0       1001          1\n", 1001));
+        assert!(uid_is_mapped("      1001       1001          1\n", 1001));
+        assert!(!uid_is_mapped("", 1001));
+        assert!(
+            may_switch_to(1001),
+            "root of the initial namespace may switch"
+        );
+    }
+
     use super::*;
 
     fn root() -> UserIdentity {
