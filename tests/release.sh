@@ -19,15 +19,21 @@ cd "$REPO"
 
 index=0
 for suite in "$@"; do
+    # Slurm 24.11.0 to 24.11.6 run a site TaskProlog through a re-exec of
+    # slurmstepd inside the task's mount namespace, the container, where
+    # slurmstepd does not exist (status 127; fixed in 24.11.7): trixie's
+    # 24.11.5 cluster runs without the harness's TaskProlog
+    # (docs/COMPATIBILITY.md).
+    prolog=harness
     case $suite in
-    trixie) index=20 ;;
+    trixie) index=20 prolog=none ;;
     sid) index=21 ;;
     *) echo "unknown release root '$suite' (trixie, sid)" >&2; exit 2 ;;
     esac
     t0=$SECONDS
     tests/harness/release-root.sh "$suite" build
     tests/harness/release-root.sh "$suite" enter env \
-        BERTH_TEST_NAME="berthtest-$suite" BERTH_TEST_SUITE=core \
+        BERTH_TEST_NAME="berthtest-$suite" BERTH_TEST_SUITE=core BERTH_TEST_TASK_PROLOG=$prolog \
         BERTH_TEST_SUBNET="10.77.$index" BERTH_TEST_SLOT=0 \
         BERTH_TEST_SLURMCTLD_PORT=$((16817 + 100 * index)) BERTH_TEST_SLURMD_PORT=$((16818 + 100 * index)) \
         BERTH_TEST_REGISTRY_PORT=$((15000 + 100 * index)) BERTH_TEST_TOKEN_REGISTRY_PORT=$((15001 + 100 * index)) \
