@@ -7,9 +7,9 @@
 # built once and cached), where berth is built against that Slurm's headers,
 # with a four-node cluster, registries and images of its own (instance
 # berthtest-SUITE, its own /24 and ports), torn down at the end like
-# tests/run.sh's. The build shares CARGO_TARGET_DIR (default target/) with
-# the machine's: the dependencies are compiled once, only berth is rebuilt
-# (so target/release holds the last release's binaries afterwards).
+# tests/run.sh's. Each root builds into a target folder of its own
+# (target/root-SUITE): build scripts linked against a newer glibc cannot run
+# on this machine, and cargo would reuse them from a shared folder.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -38,7 +38,7 @@ for suite in "$@"; do
         BERTH_TEST_SLURMCTLD_PORT=$((16817 + 100 * index)) BERTH_TEST_SLURMD_PORT=$((16818 + 100 * index)) \
         BERTH_TEST_REGISTRY_PORT=$((15000 + 100 * index)) BERTH_TEST_TOKEN_REGISTRY_PORT=$((15001 + 100 * index)) \
         BERTH_TEST_TOKEN_SERVER_PORT=$((15002 + 100 * index)) \
-        CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$REPO/target}" \
+        CARGO_TARGET_DIR="$REPO/target/root-$suite" \
         BERTH_TEST_CACHE_DIR="${BERTH_TEST_CACHE_DIR:-/var/cache/berth-test}/images-$suite" \
         tests/run.sh
     printf '[release] %s: core suite passed in %ds\n' "$suite" $((SECONDS - t0))
