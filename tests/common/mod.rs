@@ -145,9 +145,34 @@ impl Cluster {
         )
     }
 
+    /// `srun ARGS` as `who`, killed (exit 124) after `limit_s` seconds.
+    pub fn srun_within(&self, who: Submitter, limit_s: u32, args: &[&str]) -> Run {
+        let user = match who {
+            Submitter::Root => "root",
+            Submitter::User => TEST_USER,
+        };
+        let mut command = self.command_as_within(user, limit_s, "srun", args);
+        Run::from(
+            command
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run srun: {e}")),
+        )
+    }
+
     /// A Slurm client command as `user` (a name; root runs it directly), in
     /// the work dir, with this cluster's `SLURM_CONF` and a 300 s limit.
     pub fn command_as(&self, user: &str, program: &str, args: &[&str]) -> Command {
+        self.command_as_within(user, 300, program, args)
+    }
+
+    /// Like `command_as`, killed (exit 124) after `limit_s` seconds.
+    pub fn command_as_within(
+        &self,
+        user: &str,
+        limit_s: u32,
+        program: &str,
+        args: &[&str],
+    ) -> Command {
         let mut command = if user == "root" {
             Command::new("timeout")
         } else {
@@ -156,7 +181,7 @@ impl Cluster {
             c
         };
         command
-            .arg("300")
+            .arg(limit_s.to_string())
             .arg(program)
             .args(args)
             .current_dir(self.var("BERTH_TEST_WORKDIR"))
