@@ -29,3 +29,5 @@ pub mod slurm_conf;
 pub mod spank;
 pub mod stop_signal;
 pub mod store;
+#[cfg(test)]
+mod test_support;

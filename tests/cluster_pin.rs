@@ -7,7 +7,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{output_of, skopeo_copy, Cluster, Submitter};
+use common::{output_of, skopeo_copy, Cluster, Submitter, BOTH};
 
 /// The digest a tag names now (`skopeo inspect`).
 fn tag_digest(image: &str) -> String {
@@ -56,27 +56,37 @@ fn assert_nodes_ran(stderr: &str, digest: &str, other: &str) -> usize {
     setup.len()
 }
 
-/// srun: the tag is resolved before the job waits for its start time; a
-/// re-push meanwhile changes nothing; `srun -v` names the digest.
+/// srun, as root and as the user (root's srun resolves without the user's
+/// credentials path): the tag is resolved before the job waits for its
+/// start time; a re-push meanwhile changes nothing; `srun -v` names the
+/// digest.
 #[test]
 fn srun_runs_the_digest_of_submission() {
     let Some(cluster) = Cluster::get() else {
         return;
     };
-    let (image, first) = fresh_tag(&cluster, "srun", "busybox:latest");
-    let n = nodes(&cluster).to_string();
+    for who in BOTH {
+        srun_runs_the_digest_of_submission_as(&cluster, who);
+    }
+}
+
+fn srun_runs_the_digest_of_submission_as(cluster: &Cluster, who: Submitter) {
+    let label = format!("srun-{who:?}").to_lowercase();
+    let job_name = format!("berth-pin-{label}");
+    let (image, first) = fresh_tag(cluster, &label, "busybox:latest");
+    let n = nodes(cluster).to_string();
     let option = format!("--container-image={image}");
     let run = std::thread::scope(|s| {
         let job = s.spawn(|| {
             cluster.srun(
-                Submitter::User,
+                who,
                 &[
                     "-v",
                     "-N",
                     &n,
                     "--begin=now+4",
                     "-J",
-                    "berth-pin-srun",
+                    &job_name,
                     &option,
                     "sh",
                     "-c",
@@ -85,8 +95,7 @@ fn srun_runs_the_digest_of_submission() {
             )
         });
         assert!(
-            common::wait_for(Duration::from_secs(20), || cluster
-                .job_exists("berth-pin-srun")),
+            common::wait_for(Duration::from_secs(20), || cluster.job_exists(&job_name)),
             "the job was not submitted"
         );
         skopeo_copy(&cluster.image("debian:bookworm"), &image);
@@ -102,7 +111,7 @@ fn srun_runs_the_digest_of_submission() {
         run.stderr
     );
     let outputs: Vec<&str> = run.stdout.lines().collect();
-    assert_eq!(outputs.len(), nodes(&cluster), "{}", run.stdout);
+    assert_eq!(outputs.len(), nodes(cluster), "{who:?}: {}", run.stdout);
     assert!(
         outputs.iter().all(|l| *l == "busybox-image"),
         "{}",
@@ -110,29 +119,39 @@ fn srun_runs_the_digest_of_submission() {
     );
     assert_eq!(
         assert_nodes_ran(&run.stderr, &first, &second),
-        nodes(&cluster)
+        nodes(cluster)
     );
     // A later job asks again and runs the new digest.
-    let again = cluster
-        .srun(Submitter::User, &["-N1", &option, "sh", "-c", WHICH])
-        .ok();
-    assert_ne!(again.stdout.trim(), "busybox-image", "{}", again.stdout);
+    let again = cluster.srun(who, &["-N1", &option, "sh", "-c", WHICH]).ok();
+    assert_ne!(
+        again.stdout.trim(),
+        "busybox-image",
+        "{who:?}: {}",
+        again.stdout
+    );
 }
 
-/// sbatch: the digest resolved at sbatch time is what the batch step runs
-/// (a held job: re-pushed, then released).
+/// sbatch, as root and as the user: the digest resolved at sbatch time is
+/// what the batch step runs (a held job: re-pushed, then released).
 #[test]
 fn sbatch_runs_the_digest_of_submission() {
     let Some(cluster) = Cluster::get() else {
         return;
     };
-    let (image, first) = fresh_tag(&cluster, "sbatch", "busybox:latest");
+    for who in BOTH {
+        sbatch_runs_the_digest_of_submission_as(&cluster, who);
+    }
+}
+
+fn sbatch_runs_the_digest_of_submission_as(cluster: &Cluster, who: Submitter) {
+    let label = format!("sbatch-{who:?}").to_lowercase();
+    let (image, first) = fresh_tag(cluster, &label, "busybox:latest");
     let work = cluster.var("BERTH_TEST_WORKDIR");
-    let out = format!("{work}/pin-sbatch-{}.out", std::process::id());
+    let out = format!("{work}/pin-{label}-{}.out", std::process::id());
     let _ = std::fs::remove_file(&out);
     let submitted = cluster
         .slurm(
-            Submitter::User,
+            who,
             "sbatch",
             &[
                 "--parsable",
@@ -158,7 +177,7 @@ fn sbatch_runs_the_digest_of_submission() {
     });
     assert!(done, "job {job} did not end");
     let text = std::fs::read_to_string(&out).unwrap_or_default();
-    assert_eq!(text.trim(), "busybox-image", "{text}");
+    assert_eq!(text.trim(), "busybox-image", "{who:?}: {text}");
 }
 
 /// salloc: the steps of an allocation run the digest resolved when it was

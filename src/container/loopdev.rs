@@ -370,9 +370,7 @@ mod tests {
     #[test]
     fn images_are_opened_with_the_users_rights() {
         use std::os::unix::fs::PermissionsExt;
-        // SAFETY: geteuid never fails.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: needs root");
+        if crate::test_support::skip_unless_root("images_are_opened_with_the_users_rights") {
             return;
         }
         let mode = |p: &Path, m: u32| {
@@ -455,8 +453,7 @@ mod tests {
 
     #[test]
     fn attaches_read_only_with_autoclear() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIPPED: loop devices need root");
+        if crate::test_support::skip_unless_root("attaches_read_only_with_autoclear") {
             return;
         }
         let image = backing_file();
@@ -466,8 +463,7 @@ mod tests {
 
     #[test]
     fn legacy_ioctls_attach_read_only_with_autoclear() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIPPED: loop devices need root");
+        if crate::test_support::skip_unless_root("legacy_ioctls_attach_read_only_with_autoclear") {
             return;
         }
         let image = backing_file();

@@ -113,13 +113,19 @@ mod tests {
     /// decodes once, with uid 0 and the payload.
     #[test]
     fn round_trip_with_munged() {
-        if !nix::unistd::geteuid().is_root() || !std::path::Path::new("/run/munge").exists() {
-            eprintln!("skipped: needs root and a running munged");
+        use crate::test_support::{skip_because, skip_unless_root};
+        if skip_unless_root("round_trip_with_munged") {
             return;
         }
-        let Ok(credential) = encode("berth-fanout-1 test") else {
-            eprintln!("skipped: munged is not running");
-            return;
+        let credential = match encode("berth-fanout-1 test") {
+            Ok(credential) => credential,
+            Err(e) => {
+                skip_because(
+                    "round_trip_with_munged",
+                    &format!("munge failed ({e:#}): start munged"),
+                );
+                return;
+            }
         };
         let decoded = decode(&credential).unwrap();
         assert_eq!(decoded.uid, 0);

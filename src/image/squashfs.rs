@@ -275,8 +275,12 @@ mod tests {
     /// limit: an error that says why, and no partial file left behind.
     #[test]
     fn decompression_bombs_stop_at_the_limit() {
-        if !tar2sqfs_available() {
-            eprintln!("skipped: no tar2sqfs");
+        if !tar2sqfs_available()
+            && crate::test_support::skip_because(
+                "decompression_bombs_stop_at_the_limit",
+                "no tar2sqfs (apt-get install squashfs-tools-ng)",
+            )
+        {
             return;
         }
         let mut tar = tar::Builder::new(Vec::new());

@@ -198,8 +198,7 @@ mod tests {
     /// A root-owned store of an older berth is adopted; links are not followed.
     #[test]
     fn old_root_stores_are_adopted() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: needs root");
+        if crate::test_support::skip_unless_root("old_root_stores_are_adopted") {
             return;
         }
         let base = tempfile::tempdir_in("/var/tmp").unwrap();
@@ -252,8 +251,7 @@ mod tests {
 
     #[test]
     fn unreachable_and_foreign_stores_are_refused() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: needs root");
+        if crate::test_support::skip_unless_root("unreachable_and_foreign_stores_are_refused") {
             return;
         }
         let base = tempfile::tempdir_in("/var/tmp").unwrap();

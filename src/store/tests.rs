@@ -56,11 +56,11 @@ pub(super) fn entries(dir: &Path) -> Vec<String> {
 }
 
 pub(super) fn skip_without_tar2sqfs(test: &str) -> bool {
-    if tar2sqfs_available() {
-        return false;
-    }
-    eprintln!("skipping {test}: tar2sqfs is not installed (apt-get install squashfs-tools-ng)");
-    true
+    !tar2sqfs_available()
+        && crate::test_support::skip_because(
+            test,
+            "tar2sqfs is not installed (apt-get install squashfs-tools-ng)",
+        )
 }
 
 #[test]

@@ -374,8 +374,12 @@ fn corrupt_layer_is_an_error_naming_it() {
 /// (`-lls` with numeric owners).
 #[test]
 fn converts_to_squashfs() {
-    if !tar2sqfs_available() || Command::new("unsquashfs").arg("-h").output().is_err() {
-        eprintln!("skipping converts_to_squashfs: tar2sqfs or unsquashfs is not installed (apt-get install squashfs-tools-ng squashfs-tools)");
+    if (!tar2sqfs_available() || Command::new("unsquashfs").arg("-h").output().is_err())
+        && crate::test_support::skip_because(
+            "converts_to_squashfs",
+            "tar2sqfs or unsquashfs is not installed (apt-get install squashfs-tools-ng squashfs-tools)",
+        )
+    {
         return;
     }
     let layers = layers(&[
