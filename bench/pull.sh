@@ -83,7 +83,14 @@ echo "image $IMAGE ($DIGEST): $unpacked layers, $((compressed / 1000000)) MB com
 now() { date +%s%N; }
 secs() { awk -v ns="$1" 'BEGIN {printf "%.2f", ns / 1e9}'; }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true; }
+# A run with warm caches is no cold pull: fail rather than report one.
+drop_caches() {
+    sync
+    echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || {
+        echo "bench/pull.sh: cannot drop the page cache (/proc/sys/vm/drop_caches): run as root on the host, not in a container" >&2
+        exit 1
+    }
+}
 # The registry stands for another machine: its disk must not compete with the
 # puller's. After dropping the caches, read its blobs back into memory so
 # that every contender is served from RAM, as from a remote registry's cache.
@@ -92,10 +99,22 @@ cold() { drop_caches; warm_registry; }
 requests() { wc -l <"$REGLOG"; }
 blob_gets() { grep -c "\"GET /v2/$1/blobs/sha256:" "$REGLOG" || true; }
 
+# The pull as the plugin runs it: root pulls into a node store whose content
+# areas belong to the pull user, so berth runs `berth __pull` as that user
+# (a JSON request, credentials over a pipe) and converts there.
+PULL_USER=${BERTH_BENCH_PULL_USER:-berth}
+id -u "$PULL_USER" >/dev/null 2>&1 || { echo "bench/pull.sh: no pull user $PULL_USER (tests/harness/install-deps.sh makes it)" >&2; exit 1; }
+node_store() {
+    rm -rf "$1"
+    install -d -m 0711 "$1"
+    install -d -m 0700 -o "$PULL_USER" -g "$PULL_USER" "$1/images"
+}
+
 # berth_pull STORE REF: prints "seconds peak_rss_kib" (RSS of berth and its
 # children summed, sampled every 50 ms by bench/peak-rss.py).
 berth_pull() {
     local store=$1 ref=$2 t0 t1 pid peak
+    [[ -d $store/images ]] || node_store "$store"
     t0=$(now)
     "$BERTH" pull --store "$store" --insecure-registry "$REG" "$ref" >"$WORK/pull.out" 2>"$WORK/pull.err" &
     pid=$!
@@ -132,7 +151,7 @@ floor() {
 # ---------------------------------------------------------------- runs
 berth_t=() berth_rss=() ref_t=() floor_t=()
 for ((i = 1; i <= N; i++)); do
-    rm -rf "$WORK/store"
+    node_store "$WORK/store"
     cold
     read -r t rss < <(berth_pull "$WORK/store" "$IMAGE")
     berth_t+=("$t") berth_rss+=("$rss")

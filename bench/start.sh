@@ -65,7 +65,21 @@ BIG=$BERTH_TEST_REGISTRY/bench/start:big
 TRUE_BIND=--container-mounts=/usr/bin/busybox:/usr/local/bin/busybox:ro
 as_user srun -N"$NODES_ALL" "--container-image=$BIG" "$TRUE_BIND" /usr/local/bin/busybox true   # pull and convert once on every node
 
-ms() { local t0 t1; t0=$(date +%s%N); "$@" >/dev/null; t1=$(date +%s%N); echo $(((t1 - t0) / 1000000)); }
+# ms COMMAND...: its wall time in ms; a failing step stops the bench (a
+# failure is not a start time).
+ms() {
+    local t0 t1
+    t0=$(date +%s%N)
+    if ! "$@" >/dev/null 2>"$STEP_ERR"; then
+        echo "bench/start.sh: a measured step failed, so it is not timed: $*" >&2
+        cat "$STEP_ERR" >&2
+        return 1
+    fi
+    t1=$(date +%s%N)
+    echo $(((t1 - t0) / 1000000))
+}
+STEP_ERR=$(mktemp /tmp/berth-bench-step.XXXXXX)
+chmod 666 "$STEP_ERR"
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 bare=() container=() big=() bare64=() container64=()
 for ((i = 0; i < RUNS; i++)); do
@@ -100,17 +114,23 @@ rm -f \$stop
 srun --overlap -n1 --container-image=$IMAGE --container-name=x sh -c "while [ ! -e \$stop ]; do sleep 0.1; done" &
 holder=\$!
 for i in \$(seq 1 100); do srun --overlap -n1 --container-name=x:exec true 2>/dev/null && break; sleep 0.2; done
-ms() { local t0 t1; t0=\$(date +%s%N); "\$@" >/dev/null 2>&1; t1=\$(date +%s%N); echo \$(((t1 - t0) / 1000000)); }
+ms() { local t0 t1; t0=\$(date +%s%N); "\$@" >/dev/null 2>&1 || { echo "failed \$*"; return 1; }; t1=\$(date +%s%N); echo \$(((t1 - t0) / 1000000)); }
 for ((i = 0; i < $RUNS; i++)); do
-    echo "bare \$(ms srun --overlap -n1 true)"
-    echo "join \$(ms srun --overlap -n1 --container-name=x true)"
+    t=\$(ms srun --overlap -n1 true) || { echo "\$t"; break; }
+    echo "bare \$t"
+    t=\$(ms srun --overlap -n1 --container-name=x true) || { echo "\$t"; break; }
+    echo "join \$t"
 done
 srun --overlap -n1 touch \$stop
 wait \$holder
 rm -f \$stop
 EOF
 lines=$(as_user salloc -N1 "$inner" 2>/dev/null)
-rm -f "$inner"
+rm -f "$inner" "$STEP_ERR"
+if grep -q '^failed ' <<<"$lines"; then
+    echo "bench/start.sh: a measured step of the join bench failed, so it is not timed: $(grep '^failed ' <<<"$lines" | head -1)" >&2
+    exit 1
+fi
 jb=$(awk '$1 == "bare" {print $2}' <<<"$lines" | median)
 jj=$(awk '$1 == "join" {print $2}' <<<"$lines" | median)
 echo "bare step in an allocation:             median ${jb} ms  (runs: $(awk '$1 == "bare" {printf "%s ", $2}' <<<"$lines"))"
