@@ -812,6 +812,74 @@ fn a_squashfs_in_another_users_private_folder_is_refused() {
     cluster.assert_nodes_healthy();
 }
 
+/// A containerized `sleep` of the test user on NODE, started by srun in the
+/// background: its pid on the node, cancelled (and srun reaped) on drop.
+struct BackgroundSleep {
+    pid: String,
+    job: String,
+    slurm_conf: String,
+    srun: std::process::Child,
+}
+
+impl BackgroundSleep {
+    /// Starts `srun -N1 -w NODE --job-name=JOB ARGS sleep SECONDS` as the
+    /// test user (SECONDS tells this sleep from others) and waits up to 60 s
+    /// for the sleep to run.
+    fn start(cluster: &Cluster, job: &str, args: &[&str], seconds: &str) -> BackgroundSleep {
+        let srun = Command::new("runuser")
+            .args(["-u", common::TEST_USER, "--", "timeout", "300", "srun"])
+            .args(["-N1", "-w", NODE])
+            .arg(format!("--job-name={job}"))
+            .args(args)
+            .args(["sleep", seconds])
+            .current_dir(cluster.var("BERTH_TEST_WORKDIR"))
+            .env("SLURM_CONF", cluster.var("SLURM_CONF"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut sleep = BackgroundSleep {
+            pid: String::new(),
+            job: job.to_string(),
+            slurm_conf: cluster.var("SLURM_CONF"),
+            srun,
+        };
+        let user = uid_of(common::TEST_USER);
+        let find = || {
+            std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+                let pid = e.file_name().to_string_lossy().into_owned();
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+                let uid = e.metadata().ok()?.uid();
+                let words: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+                let sleeping = words.len() >= 2
+                    && words[0].ends_with(b"sleep")
+                    && words[1] == seconds.as_bytes();
+                (sleeping && uid == user).then_some(pid)
+            })
+        };
+        let mut found = None;
+        assert!(
+            wait_for(Duration::from_secs(60), || {
+                found = find();
+                found.is_some()
+            }),
+            "the containerized sleep never started"
+        );
+        sleep.pid = found.unwrap();
+        sleep
+    }
+}
+
+impl Drop for BackgroundSleep {
+    fn drop(&mut self) {
+        let _ = Command::new("scancel")
+            .args(["--name", &self.job])
+            .env("SLURM_CONF", &self.slurm_conf)
+            .status();
+        let _ = self.srun.wait();
+    }
+}
+
 /// Another user can neither signal, trace, nor look into a user's
 /// containerized task, and the task lives on.
 #[test]
@@ -822,56 +890,8 @@ fn other_users_cannot_touch_container_tasks() {
     let intruder = other_users(&cluster)[0].clone();
     let job = unique("berth-untouchable");
     let option = format!("--container-image={}", cluster.image("busybox:latest"));
-    let mut srun = Command::new("runuser");
-    srun.args([
-        "-u",
-        common::TEST_USER,
-        "--",
-        "timeout",
-        "300",
-        "srun",
-        "-N1",
-        "-w",
-        NODE,
-    ])
-    .arg(format!("--job-name={job}"))
-    .args([&option, "sleep", "313"])
-    .current_dir(cluster.var("BERTH_TEST_WORKDIR"))
-    .env("SLURM_CONF", cluster.var("SLURM_CONF"))
-    .stdout(std::process::Stdio::null())
-    .stderr(std::process::Stdio::null());
-    let mut child = srun.spawn().unwrap();
-    // Cancelled however the test ends.
-    struct Cancel(String, String);
-    impl Drop for Cancel {
-        fn drop(&mut self) {
-            let _ = Command::new("scancel")
-                .args(["--name", &self.0])
-                .env("SLURM_CONF", &self.1)
-                .status();
-        }
-    }
-    let cancel = Cancel(job.clone(), cluster.var("SLURM_CONF"));
-    let user = uid_of(common::TEST_USER);
-    let find = || {
-        std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
-            let pid = e.file_name().to_string_lossy().into_owned();
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let uid = e.metadata().ok()?.uid();
-            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-            let sleeping = args.len() >= 2 && args[0].ends_with(b"sleep") && args[1] == b"313";
-            (sleeping && uid == user).then_some(pid)
-        })
-    };
-    let mut pid = None;
-    assert!(
-        wait_for(Duration::from_secs(60), || {
-            pid = find();
-            pid.is_some()
-        }),
-        "the containerized sleep never started"
-    );
-    let pid = pid.unwrap();
+    let sleep = BackgroundSleep::start(&cluster, &job, &[&option], "313");
+    let pid = sleep.pid.clone();
     let as_intruder = |script: &str| {
         let out =
             output_of(Command::new("runuser").args(["-u", &intruder, "--", "sh", "-c", script]));
@@ -893,8 +913,7 @@ fn other_users_cannot_touch_container_tasks() {
         && !std::fs::read_to_string(format!("/proc/{pid}/status"))
             .unwrap_or_default()
             .contains("(stopped)");
-    drop(cancel);
-    let _ = child.wait();
+    drop(sleep);
     assert!(
         kill.contains("Operation not permitted") && !kill.contains("KILLED"),
         "kill: {kill}"
@@ -955,56 +974,8 @@ fn the_user_namespace_denies_setgroups() {
             "remap {remap}: {}",
             ran.stdout
         );
-        let mut srun = Command::new("runuser");
-        srun.args([
-            "-u",
-            common::TEST_USER,
-            "--",
-            "timeout",
-            "300",
-            "srun",
-            "-N1",
-            "-w",
-            NODE,
-        ])
-        .arg(format!("--job-name={job}"))
-        .args(&args)
-        .args(["sleep", "317"])
-        .current_dir(cluster.var("BERTH_TEST_WORKDIR"))
-        .env("SLURM_CONF", cluster.var("SLURM_CONF"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-        let mut child = srun.spawn().unwrap();
-        struct Cancel(String, String);
-        impl Drop for Cancel {
-            fn drop(&mut self) {
-                let _ = Command::new("scancel")
-                    .args(["--name", &self.0])
-                    .env("SLURM_CONF", &self.1)
-                    .status();
-            }
-        }
-        let cancel = Cancel(job.clone(), cluster.var("SLURM_CONF"));
-        let user = uid_of(common::TEST_USER);
-        let find = || {
-            std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
-                let pid = e.file_name().to_string_lossy().into_owned();
-                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-                let uid = e.metadata().ok()?.uid();
-                let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-                let sleeping = args.len() >= 2 && args[0].ends_with(b"sleep") && args[1] == b"317";
-                (sleeping && uid == user).then_some(pid)
-            })
-        };
-        let mut pid = None;
-        assert!(
-            wait_for(Duration::from_secs(60), || {
-                pid = find();
-                pid.is_some()
-            }),
-            "the containerized sleep never started"
-        );
-        let pid = pid.unwrap();
+        let sleep = BackgroundSleep::start(&cluster, &job, &args, "317");
+        let pid = sleep.pid.clone();
         let join = |command: &str| {
             let out = output_of(
                 Command::new("runuser")
@@ -1057,8 +1028,7 @@ fn the_user_namespace_denies_setgroups() {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        drop(cancel);
-        let _ = child.wait();
+        drop(sleep);
         assert!(
             joined && groups.split_whitespace().any(|g| g == gid),
             "remap {remap}: {groups}"

@@ -46,7 +46,8 @@ up)
     install_berth
     tests/harness/registry.sh up
     source tests/harness/lib.sh >/dev/null
-    export BERTH_PLUGSTACK_LINE="required $PREFIX/lib/slurm/spank_berth.so helper_path=$PREFIX/bin/berth store_path=$STATE/nodes/%n/berth-store runtime_path=/run/$BERTH_TEST_NAME/berth insecure_registries=$REGISTRY_ADDR,$TOKEN_REGISTRY_ADDR,$FAULT_PROXY_ADDR inject_dir=$STATE/inject.d fanout=sbcast fanout_dir=/tmp/berth-fanout fanout_wait=60 fanout_intent_wait=5"
+    BERTH_PLUGSTACK_LINE=$(test_plugstack_line "$PREFIX" "$STATE")
+export BERTH_PLUGSTACK_LINE
     tests/harness/cluster.sh up
     tests/harness/images.sh build
     tests/harness/images.sh push

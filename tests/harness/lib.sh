@@ -102,6 +102,18 @@ usage() {
     awk 'NR == 1 {next} /^#/ {sub(/^# ?/, ""); print; next} {exit}' "$0"
 }
 
+# The plugstack line of the test clusters (tests/run.sh, tests/dev.sh): berth
+# installed under PREFIX ($1), one store per node (%n) under STATE ($2), as on
+# a real cluster with node-local NVMe, the harness registries, fan-out on.
+test_plugstack_line() {
+    local prefix=$1 state=$2
+    printf '%s' "required $prefix/lib/slurm/spank_berth.so helper_path=$prefix/bin/berth" \
+        " store_path=$state/nodes/%n/berth-store runtime_path=/run/$NAME/berth" \
+        " insecure_registries=$REGISTRY_ADDR,$TOKEN_REGISTRY_ADDR,$FAULT_PROXY_ADDR" \
+        " inject_dir=$state/inject.d fanout=sbcast fanout_dir=/tmp/berth-fanout" \
+        " fanout_wait=60 fanout_intent_wait=5"
+}
+
 need_root() { [[ $(id -u) -eq 0 ]] || die "must run as root"; }
 
 node_name() { printf 'node%d' "$1"; }
