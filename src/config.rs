@@ -77,6 +77,15 @@ pub struct Config {
     pub pull_user: String,
     /// Largest flattened image a pull may write, in bytes (`max_image_size`).
     pub max_image_size: u64,
+    /// Proxies for registry requests: slurmd's (or the CLI's) environment
+    /// (`HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY`, ...), then the keys
+    /// `https_proxy`, `http_proxy`, `no_proxy`.
+    pub proxy: crate::registry::ProxySettings,
+    /// A site CA bundle trusted beside the system's store (`ca_bundle`).
+    pub ca_bundle: Option<PathBuf>,
+    /// What slurmd's log should say about keys that were accepted with no
+    /// effect (pyxis's keys berth has no use for), one line each.
+    pub notes: Vec<String>,
     /// `cancel_check=SECONDS`: how often a step still being set up (pulling)
     /// asks slurmctld whether its job ended, to stop the pull (0: never).
     pub cancel_check: Duration,
@@ -228,6 +237,18 @@ pub const KEYS: &[(&str, &str)] = &[
         "a size such as 512G or 300M (powers of 1024)",
     ),
     ("cancel_check", "a number of seconds from 0 (off) to 3600"),
+    // pyxis's keys that have no berth meaning: accepted (a pyxis plugstack
+    // line works unchanged), their value checked, a note logged.
+    ("http_proxy", "a proxy URL, http://HOST:PORT (empty: none)"),
+    ("https_proxy", "a proxy URL, http://HOST:PORT (empty: none)"),
+    ("no_proxy", "host names, IP addresses or *, comma-separated"),
+    (
+        "ca_bundle",
+        "the absolute path of a PEM file of CA certificates",
+    ),
+    ("use_enroot_load", "1/0, true/false, yes/no (a pyxis key)"),
+    ("importer", "an absolute path (a pyxis key)"),
+    ("use_squashfuse", "1/0, true/false, yes/no (a pyxis key)"),
 ];
 
 /// The known keys, for messages: `config, store_path, ...`.
@@ -264,6 +285,9 @@ impl Default for Config {
             pull_user: DEFAULT_PULL_USER.to_string(),
             max_image_size: crate::image::DEFAULT_MAX_IMAGE_BYTES,
             cancel_check: DEFAULT_CANCEL_CHECK,
+            notes: Vec::new(),
+            proxy: crate::registry::ProxySettings::default(),
+            ca_bundle: None,
         }
     }
 }
@@ -326,7 +350,11 @@ impl Config {
             .map(|arg| split_pair(arg, origin))
             .collect::<Result<Vec<_>, _>>()?;
         let explicit_file = pairs.iter().find(|(k, _)| k == "config").map(|(_, v)| v);
-        let mut config = Config::default();
+        // slurmd's proxies, as for every program it starts; the keys win.
+        let mut config = Config {
+            proxy: crate::registry::ProxySettings::from_env(),
+            ..Config::default()
+        };
         match explicit_file {
             Some(path) => config.apply_file(Path::new(path), true)?,
             None => config.apply_file(Path::new(DEFAULT_CONFIG_FILE), false)?,
@@ -367,7 +395,10 @@ impl Config {
     /// Builds the CLI's configuration: the config file (`BERTH_CONFIG` or the
     /// default), with the store in the user's cache when not root.
     pub fn for_cli() -> Result<Config, ConfigError> {
-        let mut config = Config::default();
+        let mut config = Config {
+            proxy: crate::registry::ProxySettings::from_env(),
+            ..Config::default()
+        };
         if !nix::unistd::geteuid().is_root() {
             config.store_path = user_store_dir();
             config.runtime_dir = user_runtime_dir();
@@ -525,9 +556,66 @@ impl Config {
                 "job" | "global" => self.container_scope = value.to_string(),
                 _ => return Err(bad()),
             },
+            "http_proxy" | "https_proxy" => {
+                let url = value.trim();
+                let proxy = if url.is_empty() {
+                    None
+                } else if url.starts_with("http://") && url.len() > "http://".len() {
+                    Some(url.to_string())
+                } else {
+                    return Err(bad());
+                };
+                if key == "http_proxy" {
+                    self.proxy.http = proxy;
+                } else {
+                    self.proxy.https = proxy;
+                }
+            }
+            "no_proxy" => {
+                self.proxy.no_proxy = value
+                    .split(',')
+                    .map(|e| e.trim().to_ascii_lowercase())
+                    .filter(|e| !e.is_empty())
+                    .collect()
+            }
+            "ca_bundle" => {
+                let path = absolute(value)?;
+                crate::registry::trust::bundle_certificates(&path)
+                    .map_err(|e| fail(format!("{key}={value}: {e:#}")))?;
+                self.ca_bundle = Some(path);
+            }
+            "use_enroot_load" | "use_squashfuse" => {
+                boolean()?;
+                self.note_pyxis_key(key, value, origin);
+            }
+            "importer" => {
+                absolute(value)?;
+                self.note_pyxis_key(key, value, origin);
+            }
             _ => unreachable!("`{key}` is in KEYS but has no arm in Config::set"),
         }
         Ok(())
+    }
+}
+
+impl Config {
+    /// Records that pyxis's `key` was accepted with no effect, and why.
+    fn note_pyxis_key(&mut self, key: &str, value: &str, origin: &str) {
+        let why = match key {
+            "use_enroot_load" => {
+                "berth never unpacks an image (there is no `enroot create` to skip): \
+                 every image is mounted from its squashfs"
+            }
+            "importer" => {
+                "berth pulls images itself and does not run an importer: give what the \
+                 importer did as berth settings (mirrors, credentials, inject profiles; \
+                 docs/MIGRATING.md)"
+            }
+            _ => "berth chooses how each image is mounted (docs/SECURITY.md)",
+        };
+        self.notes.push(format!(
+            "{origin}: {key}={value} is a pyxis key with no effect in berth: {why}"
+        ));
     }
 }
 
@@ -639,6 +727,75 @@ mod tests {
                 .contains("log_level=loud: expected one of error, info, verbose, debug"),
             "{e}"
         );
+    }
+
+    /// Every key of pyxis 0.24's plugstack line is accepted; those berth has
+    /// no use for leave one note each, and their values are still checked.
+    #[test]
+    fn pyxis_plugstack_keys_are_accepted_with_a_note() {
+        let config = Config::from_plugstack_args(&args(&[
+            "runtime_path=/run/pyxis",
+            "execute_entrypoint=1",
+            "container_scope=global",
+            "sbatch_support=1",
+            "use_enroot_load=1",
+            "importer=/usr/share/pyxis/importer",
+            "use_squashfuse=0",
+        ]))
+        .unwrap();
+        assert!(config.execute_entrypoint);
+        assert_eq!(config.container_scope, "global");
+        assert_eq!(config.notes.len(), 3, "{:?}", config.notes);
+        for key in ["use_enroot_load=1", "importer=", "use_squashfuse=0"] {
+            assert!(
+                config
+                    .notes
+                    .iter()
+                    .any(|n| n.contains(key) && n.contains("pyxis key with no effect")),
+                "{key}: {:?}",
+                config.notes
+            );
+        }
+        let e = Config::from_plugstack_args(&args(&["use_enroot_load=maybe"])).unwrap_err();
+        assert!(e.to_string().contains("use_enroot_load=maybe"), "{e}");
+        let e = Config::from_plugstack_args(&args(&["importer=importer.sh"])).unwrap_err();
+        assert!(e.to_string().contains("absolute path"), "{e}");
+    }
+
+    /// Proxy keys replace the environment's settings for what they name;
+    /// a CA bundle must hold certificates.
+    #[test]
+    fn proxies_and_a_ca_bundle() {
+        let config = Config::from_plugstack_args(&args(&[
+            "https_proxy=http://proxy.site:3128",
+            "http_proxy=http://10.0.0.1:8080",
+            "no_proxy=registry.lan, .internal,10.1.2.3",
+        ]))
+        .unwrap();
+        assert_eq!(
+            config.proxy.https.as_deref(),
+            Some("http://proxy.site:3128")
+        );
+        assert_eq!(config.proxy.http.as_deref(), Some("http://10.0.0.1:8080"));
+        assert_eq!(
+            config.proxy.proxy_for("https", "nvcr.io", 443),
+            Some("http://proxy.site:3128")
+        );
+        assert_eq!(config.proxy.proxy_for("https", "registry.lan", 443), None);
+        assert_eq!(config.proxy.proxy_for("http", "a.internal", 80), None);
+        let none = Config::from_plugstack_args(&args(&["https_proxy="])).unwrap();
+        assert_eq!(none.proxy.https, None);
+        let e = Config::from_plugstack_args(&args(&["https_proxy=proxy.site:3128"])).unwrap_err();
+        assert!(e.to_string().contains("http://HOST:PORT"), "{e}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "").unwrap();
+        let e = Config::from_plugstack_args(&args(&[&format!("ca_bundle={}", empty.display())]))
+            .unwrap_err();
+        assert!(e.to_string().contains("holds no certificate"), "{e}");
+        let e = Config::from_plugstack_args(&args(&["ca_bundle=site.pem"])).unwrap_err();
+        assert!(e.to_string().contains("absolute path"), "{e}");
     }
 
     #[test]

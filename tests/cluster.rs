@@ -546,11 +546,20 @@ fn unknown_plugstack_argument_is_named() {
     for (argument, expected) in [
         ("store_pth=/x", "unknown argument `store_pth`"),
         ("container_scope=node", "container_scope=node"),
+        ("use_squashfuse=maybe", "use_squashfuse=maybe: expected 1/0"),
+        ("importer=relative/importer", "importer=relative/importer"),
     ] {
         let line = format!("required {plugin} {argument}");
         let run = srun_with_plugstack_line(&cluster, dir.path(), &line).failed();
         assert!(run.stderr.contains(expected), "{argument}: {}", run.stderr);
     }
+    // A pyxis site's line, every key pyxis 0.24 knows, works unchanged.
+    let line = format!(
+        "required {plugin} runtime_path=/run/pyxis execute_entrypoint=0 container_scope=global \
+         sbatch_support=1 use_enroot_load=0 importer=/usr/share/pyxis/importer use_squashfuse=1"
+    );
+    let run = srun_with_plugstack_line(&cluster, dir.path(), &line);
+    assert_eq!(run.code, 0, "a pyxis plugstack line: {}", run.stderr);
 }
 
 /// `srun -N1 true` as the test user, with a copy of the cluster's slurm.conf
@@ -663,6 +672,9 @@ fn pyxis_options_through_srun() {
     std::fs::create_dir_all(&src).unwrap();
     std::fs::set_permissions(&src, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     std::fs::write(format!("{src}/f"), "x").unwrap();
+    let script = format!("{src}/run.sh");
+    std::fs::write(&script, "#!/bin/sh\necho ran\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     for who in BOTH {
         // Writable (default) and read-only root file systems; the image's
         // files are the user's (see image_files_belong_to_the_user_inside).
@@ -745,6 +757,42 @@ fn pyxis_options_through_srun() {
             run.stdout
         );
 
+        // A new UTS namespace: another namespace than the node's, the
+        // node's host name kept.
+        let uts = "readlink /proc/self/ns/uts; hostname";
+        let node = cluster
+            .srun(who, &["-w", "node1", &image, "sh", "-c", uts])
+            .ok();
+        let own = cluster
+            .srun(
+                who,
+                &[
+                    "-w",
+                    "node1",
+                    &image,
+                    "--container-unshare=uts",
+                    "sh",
+                    "-c",
+                    uts,
+                ],
+            )
+            .ok();
+        let (node_ns, node_name) = node.stdout.split_once('\n').unwrap_or_default();
+        let (own_ns, own_name) = own.stdout.split_once('\n').unwrap_or_default();
+        assert!(
+            node_ns.starts_with("uts:[") && own_ns.starts_with("uts:[") && node_ns != own_ns,
+            "{who:?} unshare=uts: {} / {}",
+            node.stdout,
+            own.stdout
+        );
+        assert_eq!(node_name.trim(), "node1", "{who:?}: {}", node.stdout);
+        assert_eq!(
+            own_name.trim(),
+            "node1",
+            "{who:?} unshare=uts: {}",
+            own.stdout
+        );
+
         // Mount grammar: flags joined by +, tmpfs with options, umount.
         let mounts = format!(
             "--container-mounts={src}:/in:ro+noexec,tmpfs:/scratch:size=1M,umount:/etc/resolv.conf"
@@ -752,13 +800,29 @@ fn pyxis_options_through_srun() {
         let run = cluster
             .srun(
                 who,
-                &[&image, &mounts, "sh", "-c", "cat /in/f; grep ' /scratch ' /proc/self/mountinfo; grep -c ' /etc/resolv.conf ' /proc/self/mountinfo; true"],
+                &[&image, &mounts, "sh", "-c", "cat /in/f; /in/run.sh 2>&1; grep ' /in ' /proc/self/mountinfo; grep ' /scratch ' /proc/self/mountinfo; grep -c ' /etc/resolv.conf ' /proc/self/mountinfo; true"],
             )
             .ok();
         assert!(
             run.stdout.starts_with('x'),
             "{who:?} mounts: {}",
             run.stdout
+        );
+        // noexec: the script on the bind does not run.
+        assert!(
+            !run.stdout.contains("ran") && run.stdout.contains("Permission denied"),
+            "{who:?} noexec: {}",
+            run.stdout
+        );
+        let bind = run
+            .stdout
+            .lines()
+            .find(|l| l.contains(" /in "))
+            .unwrap_or_default();
+        let options = bind.split(' ').nth(5).unwrap_or_default();
+        assert!(
+            options.split(',').any(|o| o == "ro") && options.split(',').any(|o| o == "noexec"),
+            "{who:?} ro+noexec: {bind}"
         );
         assert!(
             run.stdout.contains("size=1024k"),

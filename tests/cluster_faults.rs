@@ -107,7 +107,12 @@ impl Faults {
 
     /// srun in the background, as root, output captured.
     fn spawn_srun(&self, args: &[&str]) -> Child {
-        self.command_as("root", "srun", args)
+        self.spawn_srun_as("root", args)
+    }
+
+    /// srun in the background, as `user`, output captured.
+    fn spawn_srun_as(&self, user: &str, args: &[&str]) -> Child {
+        self.command_as(user, "srun", args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -999,9 +1004,17 @@ fn killed_puller_leaves_nothing_behind() {
 /// kill -9 of the container helper while the image ENTRYPOINT runs at
 /// setup, and of a running task: the step fails, the entrypoint does not
 /// outlive its helper, nothing is left, the next step runs.
+/// As root and as the user: the user's container has its own user
+/// namespace and the helper drops to the user, so what is left differs.
 #[test]
 fn killed_helper_or_task_leaves_nothing_behind() {
     let Some(f) = Faults::get() else { return };
+    for user in ["root", common::TEST_USER] {
+        killed_helper_or_task_leaves_nothing_behind_as(&f, user);
+    }
+}
+
+fn killed_helper_or_task_leaves_nothing_behind_as(f: &Faults, user: &str) {
     let node = "node2";
     let repository = f.repository("killholder");
     let base = busybox_layer(&f.busybox_tar(), &repository);
@@ -1014,7 +1027,10 @@ fn killed_helper_or_task_leaves_nothing_behind() {
         Some(&["/bin/sh", "-c", &script, "entrypoint"]),
     );
     let image_opt = format!("--container-image={}", image.via_proxy);
-    let srun = f.spawn_srun(&["-w", node, "--container-entrypoint", &image_opt, "true"]);
+    let srun = f.spawn_srun_as(
+        user,
+        &["-w", node, "--container-entrypoint", &image_opt, "true"],
+    );
     assert!(
         wait_for(Duration::from_secs(60), || !f
             .pids_of(&format!("sleep {MARKER_SLEEP}"))
@@ -1029,13 +1045,13 @@ fn killed_helper_or_task_leaves_nothing_behind() {
     let run = finish(srun).failed();
     assert!(
         run.stderr.contains(&image.via_proxy) || run.stderr.contains("container"),
-        "{}",
+        "{user}: {}",
         run.stderr
     );
-    f.assert_clean("killed container helper");
+    f.assert_clean(&format!("{user}: killed container helper"));
 
     // A task killed while it runs.
-    let srun = f.spawn_srun(&["-w", node, &image_opt, "sleep", MARKER_SLEEP]);
+    let srun = f.spawn_srun_as(user, &["-w", node, &image_opt, "sleep", MARKER_SLEEP]);
     assert!(
         wait_for(Duration::from_secs(60), || !f
             .pids_of(&format!("sleep {MARKER_SLEEP}"))
@@ -1046,9 +1062,10 @@ fn killed_helper_or_task_leaves_nothing_behind() {
         kill(pid, libc::SIGKILL);
     }
     finish(srun).failed();
-    f.assert_clean("killed task");
-    f.srun(&["-w", node, &image_opt, "true"]).ok();
-    f.assert_clean("step after the kills");
+    f.assert_clean(&format!("{user}: killed task"));
+    f.run_as(user, "srun", &["-w", node, &image_opt, "true"])
+        .ok();
+    f.assert_clean(&format!("{user}: step after the kills"));
 }
 
 /// A store that fills up in the middle of a pull: a clear error (no space,
@@ -1456,4 +1473,125 @@ fn sixteen_concurrent_steps_fetch_each_blob_once() {
         assert_eq!(fetched, 1, "blob {blob} fetched {fetched} times");
     }
     f.assert_clean("16 concurrent steps");
+}
+
+/// A forward HTTP proxy on the cluster's bridge (what nodes behind a site
+/// proxy talk to): absolute-URI requests (`GET http://HOST:PORT/PATH`) are
+/// sent on with `Connection: close`; it records who asked for what.
+struct ForwardProxy {
+    addr: String,
+    seen: std::sync::Arc<Mutex<Vec<(String, String)>>>,
+}
+
+impl ForwardProxy {
+    fn start(ip: &str) -> ForwardProxy {
+        let listener = std::net::TcpListener::bind(format!("{ip}:0")).unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let log = std::sync::Arc::clone(&seen);
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let log = std::sync::Arc::clone(&log);
+                std::thread::spawn(move || {
+                    let _ = forward_absolute(client, &log);
+                });
+            }
+        });
+        ForwardProxy { addr, seen }
+    }
+
+    /// `(peer IP, request line)` of every request so far.
+    fn requests(&self) -> Vec<(String, String)> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// Forwards one absolute-URI request without a body to its origin, and the
+/// answer back.
+fn forward_absolute(
+    client: std::net::TcpStream,
+    log: &Mutex<Vec<(String, String)>>,
+) -> std::io::Result<()> {
+    use std::io::BufRead;
+    let peer = client.peer_addr()?.ip().to_string();
+    let mut reader = std::io::BufReader::new(client.try_clone()?);
+    let mut first = String::new();
+    reader.read_line(&mut first)?;
+    log.lock().unwrap().push((peer, first.trim().to_string()));
+    let mut words = first.split_whitespace();
+    let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let Some(rest) = target.strip_prefix("http://") else {
+        return Ok(());
+    };
+    let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let mut head = format!(
+        "{method} {} HTTP/1.1\r\n",
+        if path.is_empty() { "/" } else { path }
+    );
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 || line == "\r\n" {
+            break;
+        }
+        let lower = line.to_ascii_lowercase();
+        if !lower.starts_with("connection:") && !lower.starts_with("proxy-") {
+            head.push_str(&line);
+        }
+    }
+    head.push_str("Connection: close\r\n\r\n");
+    let mut upstream = std::net::TcpStream::connect(host)?;
+    upstream.write_all(head.as_bytes())?;
+    let mut client = client;
+    std::io::copy(&mut upstream, &mut client)?;
+    client.shutdown(std::net::Shutdown::Both)
+}
+
+/// Nodes behind a proxy: `http_proxy=` on the plugstack line sends the
+/// nodes' registry requests through it (the pull helper's environment is
+/// cleared, so the job's or root's variables could not), and `no_proxy=`
+/// naming the registry sends them directly again.
+#[test]
+fn node_pulls_go_through_the_configured_proxy() {
+    let Some(f) = Faults::get() else { return };
+    let bridge = f.var("BERTH_TEST_BRIDGE_IP");
+    let proxy = ForwardProxy::start(&bridge);
+    let through = f.fresh_image("proxied");
+    let direct = f.fresh_image("unproxied");
+    let from_nodes = |repository: &str| -> Vec<String> {
+        proxy
+            .requests()
+            .into_iter()
+            .filter(|(peer, line)| *peer != bridge && line.contains(repository))
+            .map(|(_, line)| line)
+            .collect()
+    };
+    {
+        let _args = PlugstackArgs::add(&f, &format!("http_proxy=http://{}", proxy.addr));
+        for user in ["root", common::TEST_USER] {
+            let image = format!("--container-image={}", through.via_proxy);
+            f.run_as(user, "srun", &["-N1", "-w", "node1", &image, "true"])
+                .ok();
+        }
+        let seen = from_nodes(&through.repository);
+        assert!(
+            seen.iter()
+                .any(|l| l.contains(&format!("/blobs/{}", through.layers[0]))),
+            "the node's blob request did not go through the proxy: {seen:?}\nall: {:?}",
+            proxy.requests()
+        );
+    }
+    let host = f.proxy();
+    let host = host.split(':').next().unwrap();
+    let _args = PlugstackArgs::add(
+        &f,
+        &format!("http_proxy=http://{} no_proxy={host}", proxy.addr),
+    );
+    let image = format!("--container-image={}", direct.via_proxy);
+    f.srun(&["-N1", "-w", "node2", &image, "true"]).ok();
+    assert!(
+        from_nodes(&direct.repository).is_empty(),
+        "no_proxy={host} still went through the proxy: {:?}",
+        proxy.requests()
+    );
+    f.assert_clean("pulls through a proxy");
 }

@@ -789,7 +789,11 @@ fn doctor(plugstack: Option<PathBuf>, registries: Vec<String>, min_free: u64) ->
     let config = match &args {
         Some(args) => {
             say!("plugin configuration from {}", file.display());
-            Config::from_plugstack_args(args)?
+            let config = Config::from_plugstack_args(args)?;
+            for note in &config.notes {
+                say!("note: {note}");
+            }
+            config
         }
         None => Config::for_cli()?,
     };

@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
-use crate::registry::{RegistryError, RegistryOptions, RetryPolicy, Timeouts};
+use crate::registry::{ProxySettings, RegistryError, RegistryOptions, RetryPolicy, Timeouts};
 use crate::store::{ProgressMode, PullOptions, SharedSettings, StoredImage};
 
 /// The hidden subcommand that serves one [`PullJob`].
@@ -60,6 +60,10 @@ pub struct PullSettings {
     pub max_image_size: u64,
     /// A store shared by several nodes: `(lease timeout, wait timeout)` in seconds.
     pub shared: Option<(u64, u64)>,
+    /// Proxies for registry requests (the helper's environment is cleared).
+    pub proxy: ProxySettings,
+    /// A site CA bundle trusted beside the system's store.
+    pub ca_bundle: Option<PathBuf>,
 }
 
 impl PullSettings {
@@ -74,6 +78,8 @@ impl PullSettings {
             shared: config
                 .shared_settings()
                 .map(|s| (s.lease_timeout.as_secs(), s.wait_timeout.as_secs())),
+            proxy: config.proxy.clone(),
+            ca_bundle: config.ca_bundle.clone(),
         }
     }
 
@@ -104,6 +110,8 @@ impl PullSettings {
                 mirrors: self.mirrors.clone(),
                 retry,
                 timeouts,
+                proxy: self.proxy.clone(),
+                ca_bundle: self.ca_bundle.clone(),
                 ..RegistryOptions::default()
             },
             progress,

@@ -69,6 +69,8 @@ pub struct RegistryOptions {
     pub mirrors: Vec<(String, String)>,
     /// Proxies (default: from `HTTP_PROXY`, `HTTPS_PROXY`, `NO_PROXY`, ...).
     pub proxy: ProxySettings,
+    /// A site CA bundle (PEM) trusted beside the system's store (`ca_bundle`).
+    pub ca_bundle: Option<std::path::PathBuf>,
 }
 
 impl Default for RegistryOptions {
@@ -84,6 +86,7 @@ impl Default for RegistryOptions {
             retry: RetryPolicy::default(),
             mirrors: Vec::new(),
             proxy: ProxySettings::from_env(),
+            ca_bundle: None,
         }
     }
 }
@@ -139,6 +142,19 @@ pub struct RegistryClient {
 impl RegistryClient {
     /// A client with `options`.
     pub fn new(options: &RegistryOptions) -> RegistryClient {
+        // The bundle was checked when the setting was read (Config); one
+        // that went bad since is said, and the system's store used.
+        let tls = options
+            .ca_bundle
+            .as_deref()
+            .and_then(|path| match super::trust::with_ca_bundle(path) {
+                Ok(tls) => Some(tls),
+                Err(e) => {
+                    eprintln!("berth: warning: {e:#}; using the system's trust store only");
+                    None
+                }
+            });
+        let tls = tls.as_ref();
         let mut proxied: Vec<(String, ureq::Agent)> = Vec::new();
         for (variable, url) in [
             ("HTTP_PROXY", &options.proxy.http),
@@ -149,7 +165,7 @@ impl RegistryClient {
                 continue;
             }
             match ureq::Proxy::new(url) {
-                Ok(proxy) => proxied.push((url.clone(), build_agent(options, Some(proxy)))),
+                Ok(proxy) => proxied.push((url.clone(), build_agent(options, Some(proxy), tls))),
                 Err(e) => eprintln!(
                     "berth: warning: ignoring {variable} '{}': {e}; give http://HOST:PORT",
                     strip_userinfo(url)
@@ -157,7 +173,7 @@ impl RegistryClient {
             }
         }
         RegistryClient {
-            agent: build_agent(options, None),
+            agent: build_agent(options, None, tls),
             proxied,
             proxy: options.proxy.clone(),
             insecure: options.insecure_registries.clone(),
@@ -732,9 +748,14 @@ impl RegistryClient {
     }
 }
 
-/// An HTTP agent with `options`' timeouts and user agent, through `proxy`.
-fn build_agent(options: &RegistryOptions, proxy: Option<ureq::Proxy>) -> ureq::Agent {
-    let builder = ureq::AgentBuilder::new()
+/// An HTTP agent with `options`' timeouts and user agent, through `proxy`,
+/// trusting `tls`'s certificates (default: the system's store).
+fn build_agent(
+    options: &RegistryOptions,
+    proxy: Option<ureq::Proxy>,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+) -> ureq::Agent {
+    let mut builder = ureq::AgentBuilder::new()
         .timeout_connect(options.timeouts.connect)
         .timeout_read(options.timeouts.read)
         .timeout_write(options.timeouts.read)
@@ -749,6 +770,9 @@ fn build_agent(options: &RegistryOptions, proxy: Option<ureq::Proxy>) -> ureq::A
         .try_proxy_from_env(false)
         // Redirects are followed by hand so that credentials never go to another host.
         .redirects(0);
+    if let Some(tls) = tls {
+        builder = builder.tls_config(Arc::clone(tls));
+    }
     match proxy {
         Some(proxy) => builder.proxy(proxy),
         None => builder,
@@ -841,7 +865,8 @@ fn tls_hint(detail: &str) -> Option<&'static str> {
     if d.contains("certificate") {
         Some(
             "the registry's TLS certificate was refused: install its CA in the system's \
-             trust store (update-ca-certificates)",
+             trust store (update-ca-certificates), or name a PEM bundle of it with \
+             ca_bundle=PATH in berth's configuration",
         )
     } else if d.contains("tls") || d.contains("corrupt message") {
         Some(

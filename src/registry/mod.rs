@@ -17,6 +17,7 @@ pub mod manifest;
 pub mod platform;
 pub mod proxy;
 pub mod retry;
+pub mod trust;
 
 pub use client::{FetchedManifest, RegistryClient, RegistryOptions, ResolvedImage, Timeouts};
 pub use credentials::{Credential, Credentials, EnrootCredentials, NoCredentials};

@@ -11,7 +11,7 @@
 //! supported.
 
 /// Proxy settings for registry requests.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ProxySettings {
     /// Proxy URL for `http://` requests.
     pub http: Option<String>,

@@ -80,6 +80,12 @@ pub extern "C" fn slurm_spank_init(sp: ffi::spank_t, argc: c_int, argv: *mut *mu
         let args = plugin_args(argc, argv);
         let parsed = Config::from_plugstack_args(&args).map_err(|e| e.to_string())?;
         handle::set_log_level(parsed.log_level);
+        // Once per slurmd start, in slurmd's log.
+        if handle::context() == Context::Slurmd {
+            for note in &parsed.notes {
+                handle::log_info(note);
+            }
+        }
         let _ = CONFIG.set(parsed);
         let spank = Spank::from_raw(sp);
         match handle::context() {

@@ -118,6 +118,8 @@ fn submission_options(config: &Config) -> RegistryOptions {
             initial_delay: Duration::from_millis(250),
             max_total: Duration::from_secs(5),
         },
+        proxy: config.proxy.clone(),
+        ca_bundle: config.ca_bundle.clone(),
         ..RegistryOptions::default()
     }
 }
