@@ -23,6 +23,7 @@ pub mod privilege;
 pub mod puller;
 pub mod reference;
 pub mod registry;
+pub mod safepath;
 pub mod slurm_commands;
 pub mod slurm_conf;
 #[cfg(feature = "spank")]

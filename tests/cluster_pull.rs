@@ -126,11 +126,12 @@ fn pinned_private_image_checks_access() {
     let log = cluster.var("BERTH_TEST_TOKEN_REGISTRY_LOG");
     let host = registry.split(':').next().unwrap();
     let image = format!("{registry}/private/busybox:latest");
+    // The check is a GET of the manifest by digest (its bytes must hash to it).
     let heads = || {
         std::fs::read_to_string(&log)
             .unwrap_or_default()
             .lines()
-            .filter(|l| l.contains("\"HEAD /v2/private/busybox/manifests/sha256:"))
+            .filter(|l| l.contains("\"GET /v2/private/busybox/manifests/sha256:"))
             .count()
     };
     for as_user in [false, true] {
@@ -171,7 +172,10 @@ fn pinned_private_image_checks_access() {
         let before = heads();
         let allowed = pull(&pinned, &with_creds).ok();
         assert!(allowed.stdout.starts_with(&digest), "{}", allowed.stdout);
-        assert!(heads() > before, "no HEAD of the manifest in {log}");
+        assert!(
+            heads() > before,
+            "no GET of the manifest by digest in {log}"
+        );
         let refused = pull(&pinned, &without).failed();
         assert!(
             refused.stderr.contains("denied") || refused.stderr.contains("credentials"),
@@ -179,6 +183,79 @@ fn pinned_private_image_checks_access() {
             refused.stderr
         );
         assert!(!refused.stdout.contains(".sqfs"), "{}", refused.stdout);
+    }
+}
+
+/// A site that reaches a registry only through its mirror (here: the
+/// "upstream" is a port where nothing listens, its mirror the token
+/// registry): a private image pulled by tag with credentials is checked
+/// through the mirror when asked for by digest, under its own repository
+/// and under another repository name of the same registry; without
+/// credentials it is refused. As root and as the test user.
+#[test]
+fn cached_private_image_is_checked_through_the_mirror() {
+    let Some(cluster) = Cluster::get() else {
+        return;
+    };
+    let registry = cluster.var("BERTH_TEST_TOKEN_REGISTRY");
+    let host = registry.split(':').next().unwrap();
+    let upstream = format!("{host}:1");
+    for as_user in [false, true] {
+        let base = shared_tempdir();
+        let store = base.path().join("store");
+        let with_creds = base.path().join("with");
+        let without = base.path().join("without");
+        for dir in [&with_creds, &without] {
+            std::fs::create_dir(dir).unwrap();
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let creds_file = with_creds.join(".credentials");
+        std::fs::write(
+            &creds_file,
+            format!("machine {host} login berth password berthpass\n"),
+        )
+        .unwrap();
+        std::fs::set_permissions(&creds_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let mirror = format!("{upstream}={registry}");
+        let pull = |reference: &str, config: &Path| {
+            berth_env(
+                as_user,
+                &[
+                    "pull",
+                    "--store",
+                    store.to_str().unwrap(),
+                    "--insecure-registry",
+                    &registry,
+                    "--insecure-registry",
+                    &upstream,
+                    "--mirror",
+                    &mirror,
+                    reference,
+                ],
+                &[
+                    ("ENROOT_CONFIG_PATH", config.to_str().unwrap()),
+                    ("HOME", config.to_str().unwrap()),
+                ],
+            )
+        };
+        let digest =
+            digest_of(&pull(&format!("{upstream}/private/busybox:latest"), &with_creds).ok());
+        for name in ["private/busybox", "renamed/busybox"] {
+            let pinned = format!("{upstream}/{name}@{digest}");
+            let allowed = pull(&pinned, &with_creds).ok();
+            assert!(
+                allowed.stdout.starts_with(&digest),
+                "{pinned}: {}",
+                allowed.stdout
+            );
+            let refused = pull(&pinned, &without).failed();
+            assert!(
+                refused.stderr.contains("refused"),
+                "{pinned} without credentials: {}",
+                refused.stderr
+            );
+            assert!(!refused.stdout.contains(".sqfs"), "{}", refused.stdout);
+        }
     }
 }
 

@@ -96,6 +96,7 @@ fn add_image(
         layers: layers.iter().map(|l| l.digest.clone()).collect(),
         compressed_size: layers.iter().map(|l| l.size).sum(),
         anonymous: false,
+        origins: Vec::new(),
         squashfs_size: sqfs_bytes as u64,
         converter_version: CONVERTER_VERSION,
         created: created

@@ -37,7 +37,7 @@ pub mod loopdev;
 pub mod mountplan;
 pub mod mounts;
 mod netns;
-pub mod safepath;
+pub use crate::safepath;
 pub mod save;
 mod seccomp;
 mod spawn;

@@ -19,6 +19,7 @@
 //! receivers wait), `STEP.statement`, `STEP.sqfs`. The job epilog removes
 //! the folder ([`remove_job`]).
 
+mod cleanup;
 pub mod munge;
 mod receive;
 mod send;
@@ -32,6 +33,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
+pub use cleanup::{Cleanup, CLEANUP_WAIT};
 pub use receive::receive;
 pub use send::{send, SendReport};
 
@@ -230,15 +232,29 @@ pub fn job_dir(fanout_dir: &Path, job: u32) -> PathBuf {
     fanout_dir.join(format!("job-{job}"))
 }
 
-/// Removes a job's fan-out folder on this node (the job epilog); whether
-/// there was one.
-pub fn remove_job(fanout_dir: &Path, job: u32) -> Result<bool> {
+/// Removes a job's fan-out folder on this node (the job epilog). Never
+/// fails and never blocks the epilog for long: mounts the user left inside
+/// are detached, no link is followed, no mount crossed, and what could not
+/// be removed is in the report ([`cleanup`]). A fan-out folder that is not
+/// root's (or that others can write) is left alone.
+pub fn remove_job(fanout_dir: &Path, job: u32) -> Cleanup {
     let dir = job_dir(fanout_dir, job);
-    match fs::remove_dir_all(&dir) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(e).with_context(|| format!("cannot remove {}", dir.display())),
+    match fs::symlink_metadata(fanout_dir) {
+        Ok(meta) if meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o022 == 0 => {}
+        Ok(_) => {
+            return Cleanup {
+                found: true,
+                left: vec![format!(
+                    "{} is not a folder of root that only root can write: left {} alone",
+                    fanout_dir.display(),
+                    dir.display()
+                )],
+                ..Cleanup::default()
+            }
+        }
+        Err(_) => return Cleanup::default(),
     }
+    cleanup::remove_job_dir(&dir, CLEANUP_WAIT)
 }
 
 /// Opens a file that the job's user wrote through `sbcast`, without

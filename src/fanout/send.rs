@@ -79,7 +79,14 @@ pub fn send(request: &SendRequest) -> Result<SendReport> {
                 config: source.config,
                 manifest: source.manifest,
             }));
-            (offer, Some(source.squashfs))
+            let digest =
+                crate::registry::Digest::parse(manifest_digest).map_err(anyhow::Error::msg)?;
+            // The job's user cannot read the store: sbcast reads the file
+            // through a descriptor root opened (the user may read this
+            // image: this node checked it with the registry), from the
+            // store root without following any link ([`Store::open_image_file`]).
+            let file = store.open_image_file(&digest, "image.sqfs")?;
+            (offer, Some((source.squashfs, file)))
         }
         SendWhat::Nothing { reason } => (
             Offer::Nothing {
@@ -110,11 +117,7 @@ pub fn send(request: &SendRequest) -> Result<SendReport> {
     let prepare_s = started.elapsed().as_secs_f64();
     let t = Instant::now();
     // The squashfs first: a receiver that sees the statement has it whole.
-    if let Some(squashfs) = squashfs {
-        // The job's user cannot read the store: sbcast reads the file
-        // through a descriptor root opened (the user may read this image:
-        // this node checked it with the registry).
-        let file = open_store_file(&squashfs)?;
+    if let Some((squashfs, file)) = squashfs {
         failed.extend(sbcast_file(request, &file, &squashfs, &files.squashfs())?);
     }
     failed.extend(sbcast(request, &out, &files.statement())?);
@@ -144,23 +147,6 @@ fn write_new(path: &Path, bytes: &[u8]) -> Result<()> {
         .with_context(|| format!("cannot create {}", path.display()))?;
     file.write_all(bytes)
         .with_context(|| format!("cannot write {}", path.display()))
-}
-
-/// Opens a file of the store (as root) to hand to `sbcast`: never through a
-/// link, never blocking, and it must be a regular file.
-fn open_store_file(path: &Path) -> Result<fs::File> {
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .with_context(|| format!("cannot open {}", path.display()))?;
-    let meta = file
-        .metadata()
-        .with_context(|| format!("cannot stat {}", path.display()))?;
-    if !meta.is_file() {
-        bail!("{} is not a regular file", path.display());
-    }
-    Ok(file)
 }
 
 /// [`sbcast`] of an open file: the child gets the descriptor (close-on-exec

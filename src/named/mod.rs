@@ -5,6 +5,7 @@
 //! - [`roots`]: the containers' folders on node-local storage (overlay upper
 //!   and work folders, what each was made from);
 //! - [`running`]: which steps run a container now, and how to join one;
+//! - [`trust`]: the ownership checks on `runtime_path` before a record is believed;
 //! - [`decide`]: what a step does, from the flag and what exists.
 //!
 //! It owns nothing of the runtime: containers are built by
@@ -14,6 +15,7 @@
 pub mod name;
 pub mod roots;
 pub mod running;
+pub mod trust;
 
 pub use name::{check_name, ContainerName, NameFlag};
 pub use roots::{NamedKey, NamedMeta, NamedRoot, NamedRoots, Scope};

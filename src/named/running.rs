@@ -22,6 +22,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use super::roots::NamedKey;
+use super::trust;
 use crate::container::spec::{ContainerSpec, Namespace};
 use crate::container::Container;
 use crate::store::fsutil::{write_synced, FileLock};
@@ -164,9 +165,11 @@ fn start_time(pid: i32) -> Result<u64> {
         .context("unreadable start time in /proc/PID/stat")
 }
 
-/// The records of running named containers under a runtime folder.
+/// The records of running named containers under a runtime folder. Every
+/// folder and record is checked before it is believed ([`trust`]).
 #[derive(Debug, Clone)]
 pub struct Registry {
+    runtime: PathBuf,
     dir: PathBuf,
 }
 
@@ -192,16 +195,32 @@ impl Registry {
             node
         };
         Registry {
+            runtime: runtime_dir.to_path_buf(),
             dir: runtime_dir.join("named").join(node),
         }
     }
 
     fn ensure_dir(&self) -> Result<()> {
+        self.check_dirs()?;
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&self.dir)
-            .with_context(|| format!("cannot create {}", self.dir.display()))
+            .with_context(|| format!("cannot create {}", self.dir.display()))?;
+        self.check_dirs().map(|_| ())
+    }
+
+    /// Checks the runtime folder, the folders above it and `named/<node>`
+    /// below it; `Ok(false)` when the node's folder does not exist (yet).
+    fn check_dirs(&self) -> Result<bool> {
+        trust::check_ancestors(&self.runtime)?;
+        let named = self.runtime.join("named");
+        for dir in [&self.runtime, &named, &self.dir] {
+            if !trust::check_dir(dir)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     fn steps_dir(&self, key: &NamedKey) -> PathBuf {
@@ -217,6 +236,9 @@ impl Registry {
     /// The steps that run `key` now; stale records are removed.
     pub fn running(&self, key: &NamedKey) -> Result<Vec<RunningStep>> {
         let dir = self.steps_dir(key);
+        if !self.check_dirs()? || !trust::check_dir(&dir)? {
+            return Ok(Vec::new());
+        }
         let entries = match fs::read_dir(&dir) {
             Ok(entries) => entries,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -227,9 +249,10 @@ impl Registry {
             let path = entry
                 .with_context(|| format!("cannot list {}", dir.display()))?
                 .path();
-            let record = fs::read(&path)
-                .ok()
-                .and_then(|bytes| serde_json::from_slice::<RunningStep>(&bytes).ok());
+            let Some(bytes) = trust::read_record(&path)? else {
+                continue;
+            };
+            let record = serde_json::from_slice::<RunningStep>(&bytes).ok();
             match record {
                 Some(record) if record.is_alive() => alive.push(record),
                 _ => {
@@ -244,11 +267,13 @@ impl Registry {
     /// Publishes `record` for `key` until the returned value is dropped.
     pub fn publish(&self, key: &NamedKey, record: &RunningStep) -> Result<Publication> {
         let dir = self.steps_dir(key);
+        self.ensure_dir()?;
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
+        trust::check_dir(&dir)?;
         let path = dir.join(format!("{}.{}.json", record.job, record.step));
         let bytes = serde_json::to_vec(record).context("cannot encode a running-step record")?;
         write_synced(&path, &bytes)?;
@@ -257,6 +282,9 @@ impl Registry {
 
     /// Removes the records and locks of job-scoped containers of `job`.
     pub fn remove_job(&self, job: u32) -> Result<()> {
+        if !self.check_dirs()? {
+            return Ok(());
+        }
         let marker = format!(".job-{job}.");
         let entries = match fs::read_dir(&self.dir) {
             Ok(entries) => entries,
@@ -297,6 +325,61 @@ mod tests {
             }],
             spec: ContainerSpec::new("/i.sqfs".into(), Default::default(), user),
         }
+    }
+
+    /// Records are believed only in folders of root (the caller) that no one
+    /// else can write, and only as regular files of the same owner.
+    #[test]
+    fn records_in_folders_others_control_are_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let runtime = tempfile::tempdir().unwrap();
+        let registry = Registry::new(runtime.path(), "n1");
+        let key = NamedKey {
+            uid: 0,
+            scope: Scope::Job(3),
+            name: "n".into(),
+        };
+        drop(registry.lock(&key).unwrap());
+        let me = std::process::id() as i32;
+        let published = registry
+            .publish(&key, &record(me, start_time(me).unwrap()))
+            .unwrap();
+        let refused = |what: &str| {
+            let e = registry.running(&key).expect_err(what);
+            let text = format!("{e:#}");
+            assert!(text.contains("remove it"), "{what}: {text}");
+        };
+        // A folder on the way that others can write.
+        let node_dir = runtime.path().join("named/n1");
+        fs::set_permissions(&node_dir, fs::Permissions::from_mode(0o777)).unwrap();
+        refused("a world-writable records folder");
+        fs::set_permissions(&node_dir, fs::Permissions::from_mode(0o700)).unwrap();
+        let runtime_mode = fs::metadata(runtime.path()).unwrap().mode();
+        fs::set_permissions(runtime.path(), fs::Permissions::from_mode(0o770)).unwrap();
+        refused("a group-writable runtime folder");
+        fs::set_permissions(runtime.path(), fs::Permissions::from_mode(runtime_mode)).unwrap();
+        // A record that is a symlink to a file elsewhere.
+        let steps = node_dir.join(format!("{}.d", key.label()));
+        let planted = runtime.path().join("planted.json");
+        fs::copy(&published.path, &planted).unwrap();
+        std::os::unix::fs::symlink(&planted, steps.join("9.9.json")).unwrap();
+        refused("a symlinked record");
+        fs::remove_file(steps.join("9.9.json")).unwrap();
+        // A record others can write.
+        fs::set_permissions(&published.path, fs::Permissions::from_mode(0o666)).unwrap();
+        refused("a world-writable record");
+        fs::set_permissions(&published.path, fs::Permissions::from_mode(0o644)).unwrap();
+        if nix::unistd::geteuid().is_root() {
+            // A record, and a records folder, of another user.
+            std::os::unix::fs::chown(&published.path, Some(4242), None).unwrap();
+            refused("another user's record");
+            std::os::unix::fs::chown(&published.path, Some(0), None).unwrap();
+            std::os::unix::fs::chown(&steps, Some(4242), None).unwrap();
+            refused("another user's records folder");
+            std::os::unix::fs::chown(&steps, Some(0), None).unwrap();
+        }
+        // With everything root's again, the (stale) record is read and dropped.
+        assert!(registry.running(&key).unwrap().is_empty());
     }
 
     #[test]

@@ -192,17 +192,34 @@ impl RegistryClient {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Checks with a `HEAD` request that the manifest `digest` of `image` is
-    /// readable with this client's credentials (nothing is downloaded).
+    /// Checks that the manifest `digest` of `image` is readable with this
+    /// client's credentials now: a `GET` of it whose bytes must hash to
+    /// `digest` (a server answering 200 to anything passes no check), asked of
+    /// the registry's mirror first when one is configured, then of the
+    /// registry. When both fail, the error is the registry's, or the
+    /// mirror's when the registry could not be reached.
     pub fn check_manifest(&self, image: &ImageRef, digest: &Digest) -> Result<()> {
-        let url = format!(
-            "{}/v2/{}/manifests/{digest}",
-            self.base_url(image),
-            image.repository
+        let Some(mirror) = self.mirror_of(image) else {
+            return self.check_manifest_at(image, digest);
+        };
+        let mirrored = match self.check_manifest_at(&mirror, digest) {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        eprintln!(
+            "berth: mirror {} failed for {image} ({mirrored:#}); asking {}",
+            mirror.registry, image.registry
         );
-        self.request("HEAD", image, &url, Some(MANIFEST_ACCEPT))
-            .map_err(|e| manifest_unknown_on_404(e, image))?;
-        Ok(())
+        self.check_manifest_at(image, digest)
+            .map_err(|e| match e.downcast_ref::<RegistryError>() {
+                Some(RegistryError::Unreachable { .. }) => mirrored,
+                _ => e,
+            })
+    }
+
+    /// [`RegistryClient::check_manifest`] at exactly `image`'s registry.
+    fn check_manifest_at(&self, image: &ImageRef, digest: &Digest) -> Result<()> {
+        self.fetch_manifest(image, digest.as_str()).map(|_| ())
     }
 
     /// `http://HOST` for insecure registries, else `https://HOST`.

@@ -220,15 +220,27 @@ pub(super) fn job_epilog(spank: &super::handle::Spank, config: &Config) -> Resul
     let removed = NamedRoots::new(&store)
         .remove_job(job)
         .map_err(|e| format!("cannot remove the named containers of job {job}: {e:#}"))?;
-    Registry::new(&config.runtime_dir, &node)
-        .remove_job(job)
-        .map_err(|e| format!("cannot remove the records of job {job}: {e:#}"))?;
+    // An untrusted runtime folder is the admin's to fix; it must not drain
+    // the node: logged, not failed.
+    if let Err(e) = Registry::new(&config.runtime_dir, &node).remove_job(job) {
+        handle::log_error(&format!("cannot remove the records of job {job}: {e:#}"));
+    }
     if !removed.is_empty() {
         handle::log_verbose(&format!(
             "job {job}: removed its named containers on {node}"
         ));
     }
-    crate::fanout::remove_job(&config.fanout_dir(&node), job)
-        .map_err(|e| format!("cannot remove the fan-out files of job {job}: {e:#}"))?;
+    // Never fails the epilog (that would drain the node): what the job's
+    // user left in their fan-out folder is logged and left.
+    let cleanup = crate::fanout::remove_job(&config.fanout_dir(&node), job);
+    for mount in &cleanup.detached {
+        handle::log_info(&format!(
+            "job {job}: detached the mount {} its user left in the fan-out folder",
+            mount.display()
+        ));
+    }
+    for left in &cleanup.left {
+        handle::log_error(&format!("job {job}: fan-out folder: {left}"));
+    }
     Ok(())
 }

@@ -1,8 +1,8 @@
 //! What is in the store: listing images, finding them by reference or digest,
 //! and when each was last used.
 
-use std::fs::{self, OpenOptions};
-use std::path::{Path, PathBuf};
+use std::fs;
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
@@ -59,19 +59,6 @@ impl ImageEntry {
 /// Seconds since the epoch, 0 before it.
 pub(super) fn epoch_secs(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-/// Records that the image in `dir` was used now. Best effort: a store the
-/// caller cannot write to (a node store read by a user) keeps the old time.
-pub(super) fn touch_last_used(dir: &Path) {
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(dir.join(LAST_USED));
-    if let Ok(file) = file {
-        let _ = file.set_modified(SystemTime::now());
-    }
 }
 
 impl Store {

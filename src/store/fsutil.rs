@@ -85,14 +85,26 @@ impl FileLock {
 }
 
 /// Opens (creating) a lock file read-only: `flock` needs no write access,
-/// so root (gc, rmi) and the pull user can lock files the other made.
+/// so root (gc, rmi) and the pull user can lock files the other made. Never
+/// through a symlink, never blocking, and only a regular file: the lock
+/// folders belong to the pull user, and root takes locks too.
 fn open_lock_file(path: &Path) -> Result<File> {
-    OpenOptions::new()
+    let file = OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_CREAT | libc::O_CLOEXEC)
+        .custom_flags(libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .mode(0o644)
         .open(path)
-        .with_context(|| format!("cannot open lock file {}", path.display()))
+        .with_context(|| format!("cannot open lock file {}", path.display()))?;
+    let meta = file
+        .metadata()
+        .with_context(|| format!("cannot inspect lock file {}", path.display()))?;
+    if !meta.is_file() {
+        anyhow::bail!(
+            "the lock file {} is not a regular file: remove it",
+            path.display()
+        );
+    }
+    Ok(file)
 }
 
 /// A file or directory under the store's `tmp/`, locked by this process and

@@ -48,7 +48,7 @@ impl Store {
                 self.root().display()
             )
         };
-        let file = match File::open(&path) {
+        let file = match self.open_squashfs_at(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(removed()),
             Err(e) => {
@@ -94,9 +94,10 @@ pub(super) enum Exclusive {
     Busy,
 }
 
-/// Tries to lock the squashfs file at `path` exclusively, without waiting.
-pub(super) fn lock_unused(path: &Path) -> Result<Exclusive> {
-    let file = match File::open(path) {
+/// Tries to lock the squashfs file at `path` (in `store`) exclusively,
+/// without waiting; opened as [`Store::hold`] opens it.
+pub(super) fn lock_unused(store: &Store, path: &Path) -> Result<Exclusive> {
+    let file = match store.open_squashfs_at(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Exclusive::Missing),
         Err(e) => return Err(e).with_context(|| format!("cannot open {}", path.display())),

@@ -10,7 +10,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 
-use super::catalog::{touch_last_used, LAST_USED};
+use super::catalog::LAST_USED;
+use super::files::{MAX_CONFIG_BYTES, MAX_MANIFEST_BYTES};
 use super::fsutil::{sync_dir, write_synced, FileLock, TempEntry};
 use super::{ImageMeta, Store, StoredImage};
 use crate::image::{ImageConfig, CONVERTER_VERSION};
@@ -54,28 +55,23 @@ impl Store {
     /// and hashes its squashfs (one read of the whole file).
     pub fn fanout_source(&self, digest: &str) -> Result<FanoutSource> {
         let parsed = Digest::parse(digest).map_err(anyhow::Error::msg)?;
-        let dir = self.image_dir(&parsed);
         let meta = self
             .read_meta(&parsed)
             .with_context(|| format!("image {digest} has no readable meta.json in the store"))?;
         if meta.converter_version != CONVERTER_VERSION {
             bail!("image {digest} in the store was made by another converter version");
         }
-        let config_path = dir.join("config.json");
-        let config: ImageConfig = serde_json::from_slice(
-            &fs::read(&config_path)
-                .with_context(|| format!("cannot read {}", config_path.display()))?,
-        )
-        .with_context(|| format!("{} is not valid JSON", config_path.display()))?;
-        let manifest_path = dir.join("manifest.json");
-        let manifest = String::from_utf8(
-            fs::read(&manifest_path)
-                .with_context(|| format!("cannot read {}", manifest_path.display()))?,
-        )
-        .with_context(|| format!("{} is not UTF-8", manifest_path.display()))?;
-        let squashfs = dir.join("image.sqfs");
-        let mut file =
-            File::open(&squashfs).with_context(|| format!("cannot open {}", squashfs.display()))?;
+        let read = |name: &str, limit: u64| {
+            self.read_image_file(&parsed, name, limit)?
+                .with_context(|| format!("image {digest} has no {name} in the store"))
+        };
+        let config: ImageConfig =
+            serde_json::from_slice(&read("config.json", MAX_CONFIG_BYTES)?)
+                .with_context(|| format!("the config.json of image {digest} is not valid JSON"))?;
+        let manifest = String::from_utf8(read("manifest.json", MAX_MANIFEST_BYTES)?)
+            .with_context(|| format!("the manifest.json of image {digest} is not UTF-8"))?;
+        let squashfs = self.image_dir(&parsed).join("image.sqfs");
+        let mut file = self.open_image_file(&parsed, "image.sqfs")?;
         let mut hasher = HashingWriter::new(io::sink());
         io::copy(&mut file, &mut hasher)
             .with_context(|| format!("cannot read {}", squashfs.display()))?;
@@ -112,10 +108,15 @@ impl Store {
         let lock_path = self.locks_dir().join(format!("{}.lock", digest.hex()));
         let _lock = FileLock::exclusive(&lock_path, || {})?;
         if let Some(found) = self.load(&digest)? {
-            touch_last_used(&self.image_dir(&digest));
+            self.touch_last_used(&digest);
             return Ok(found);
         }
-        let staging = TempEntry::dir(&self.tmp_dir(), &format!("image-{}", digest.hex()), 0o755)?;
+        // Root stages in a folder of its own, never in the pull user's tmp/.
+        let staging = TempEntry::dir(
+            &self.staging_dir()?,
+            &format!("image-{}", digest.hex()),
+            0o755,
+        )?;
         let target = staging.path().join("image.sqfs");
         copy_verified(squashfs, &target, request)?;
         write_synced(
@@ -190,6 +191,7 @@ mod tests {
             converter_version: CONVERTER_VERSION,
             created: 0,
             anonymous: true,
+            origins: Vec::new(),
         }
     }
 

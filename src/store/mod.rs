@@ -15,6 +15,7 @@
 //!     meta.json               reference, platform, sizes, converter version
 //!     last-used               its mtime: the last pull or use (for `gc`)
 //! tmp/                        partial downloads and conversions (locked by their writer)
+//! root-tmp/                   root's own staging (fan-out imports, `rmi`) in a node store
 //! locks/<manifest-hex>.lock   flock per image while it is pulled
 //! locks/store.lock            shared by downloading pulls, exclusive to remove blobs
 //! ```
@@ -37,17 +38,19 @@
 //! manifest first (cheap), so a user who cannot read an image in the registry
 //! cannot start it from the store either. A pull pinned by digest of a stored
 //! image fetched anonymously from the same repository needs no network; any
-//! other stored image is handed out only after a `HEAD` of its manifest with
-//! the caller's credentials succeeds.
+//! other stored image is handed out only after one of the repositories it
+//! was downloaded from serves its manifest to the caller ([`origin`]).
 
 mod board;
 mod catalog;
+mod files;
 pub(crate) mod fsutil;
 mod gc;
 mod hold;
 mod import;
 mod inspect;
 pub mod lease;
+mod origin;
 pub mod progress;
 mod pull;
 mod remove;
@@ -73,6 +76,7 @@ pub use gc::{GcOptions, GcReport, Removed};
 pub use hold::ImageHold;
 pub use import::{FanoutSource, ImportRequest};
 pub use inspect::{ConfigDetails, ImageDetails, LayerDetails};
+pub use origin::ImageOrigin;
 pub use progress::ProgressMode;
 pub use remove::{BlobSweep, RemoveOutcome};
 pub use shared::SharedSettings;
@@ -203,6 +207,11 @@ pub struct ImageMeta {
     /// a repeat pull by digest then needs no network at all.
     #[serde(default)]
     pub anonymous: bool,
+    /// The repositories the content was downloaded from (empty in a store
+    /// of an older berth: then `registry`/`repository`/`anonymous`); see
+    /// [`ImageMeta::origins`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub origins: Vec<ImageOrigin>,
 }
 
 impl ImageMeta {
@@ -429,8 +438,8 @@ impl Store {
         Ok(None)
     }
 
-    /// Whether an image of `image`'s repository, with its tag or digest, is
-    /// in the store (whoever pulled it).
+    /// Whether `image` is in the store (whoever pulled it): its digest
+    /// under any repository name, or its tag of its repository.
     pub fn has_cached(&self, image: &ImageRef) -> bool {
         let Ok(entries) = fs::read_dir(self.images_dir()) else {
             return false;
@@ -444,21 +453,21 @@ impl Store {
             let Some(meta) = self.read_meta(&digest) else {
                 return false;
             };
-            let same_repository =
-                meta.registry == image.registry && meta.repository == image.repository;
-            let same_version = match (&image.digest, &image.tag) {
+            match (&image.digest, &image.tag) {
+                // A digest names the same bytes under any repository name.
                 (Some(pinned), _) => {
                     *pinned == meta.manifest_digest || Some(pinned) == meta.index_digest.as_ref()
                 }
-                (None, tag) => *tag == meta.tag,
-            };
-            same_repository && same_version
+                (None, tag) => meta.came_from(image) && *tag == meta.tag,
+            }
         })
     }
 
     /// `meta.json` of the image `digest`, when present and readable.
     fn read_meta(&self, digest: &Digest) -> Option<ImageMeta> {
-        let bytes = fs::read(self.image_dir(digest).join("meta.json")).ok()?;
+        let bytes = self
+            .read_image_file(digest, "meta.json", files::MAX_META_BYTES)
+            .ok()??;
         serde_json::from_slice(&bytes).ok()
     }
 
@@ -467,25 +476,24 @@ impl Store {
     fn load(&self, digest: &Digest) -> Result<Option<StoredImage>> {
         let dir = self.image_dir(digest);
         let meta_path = dir.join("meta.json");
-        let meta: ImageMeta = match fs::read(&meta_path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).with_context(|| {
-                format!(
-                    "stored image metadata {} is corrupt: remove {} and pull again",
-                    meta_path.display(),
-                    dir.display()
-                )
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => {
-                return Err(e).with_context(|| format!("cannot read {}", meta_path.display()))
-            }
-        };
+        let meta: ImageMeta =
+            match self.read_image_file(digest, "meta.json", files::MAX_META_BYTES)? {
+                Some(bytes) => serde_json::from_slice(&bytes).with_context(|| {
+                    format!(
+                        "stored image metadata {} is corrupt: remove {} and pull again",
+                        meta_path.display(),
+                        dir.display()
+                    )
+                })?,
+                None => return Ok(None),
+            };
         if meta.converter_version != CONVERTER_VERSION {
             return Ok(None);
         }
         let config_path = dir.join("config.json");
-        let config: ImageConfig = fs::read(&config_path)
-            .map_err(anyhow::Error::from)
+        let config: ImageConfig = self
+            .read_image_file(digest, "config.json", files::MAX_CONFIG_BYTES)
+            .and_then(|b| b.context("missing"))
             .and_then(|b| Ok(serde_json::from_slice(&b)?))
             .with_context(|| {
                 format!(

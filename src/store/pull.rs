@@ -11,10 +11,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 
 use super::board::Board;
-use super::catalog::{touch_last_used, LAST_USED};
+use super::catalog::LAST_USED;
 use super::fsutil::{sync_dir, write_synced, FileLock, TempEntry};
 use super::progress::{mb, LayerProgress, Progress};
-use super::{lease, shared, ImageMeta, Store, StoredImage};
+use super::{lease, origin, shared, ImageMeta, Store, StoredImage};
 use crate::image::writeback::start_writeback;
 use crate::image::{self, ImageConfig, Layer, SquashfsOptions, CONVERTER_VERSION};
 use crate::reference::ImageRef;
@@ -94,8 +94,9 @@ fn pull_unchecked(store: &Store, image: &ImageRef, options: &PullOptions) -> Res
     let digest = resolved.manifest_digest.clone();
     looked_up();
     if let Some(found) = store.load(&digest)? {
+        check_resolved_access(store, &client, image, &digest).map_err(private)?;
         progress.say(format!("{image} ({digest}) is already in the store"));
-        touch_last_used(&store.image_dir(&digest));
+        store.touch_last_used(&digest);
         return Ok(with_reference(found, &resolved));
     }
     if options.cached_only {
@@ -123,8 +124,9 @@ fn pull_unchecked(store: &Store, image: &ImageRef, options: &PullOptions) -> Res
         }
     };
     if let Some(found) = store.load(&digest)? {
+        check_resolved_access(store, &client, image, &digest).map_err(private)?;
         progress.say(format!("{image} ({digest}) was pulled meanwhile"));
-        touch_last_used(&store.image_dir(&digest));
+        store.touch_last_used(&digest);
         return Ok(with_reference(found, &resolved));
     }
     // Blobs found in the store below must stay until the conversion is done
@@ -187,6 +189,11 @@ fn pull_unchecked(store: &Store, image: &ImageRef, options: &PullOptions) -> Res
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
         anonymous: !client.used_credentials(),
+        origins: vec![super::ImageOrigin {
+            registry: image.registry.clone(),
+            repository: image.repository.clone(),
+            anonymous: !client.used_credentials(),
+        }],
     };
     write_synced(
         &staging.path().join("config.json"),
@@ -324,8 +331,9 @@ fn usable_layers(
 
 /// A digest-pinned image already in the store, handed out with no download:
 /// with no network at all when it was fetched anonymously from the same
-/// repository, else after a `HEAD` of its manifest with the caller's
-/// credentials (a cached private image is only for those who may read it).
+/// repository, else after one of the repositories it came from served its
+/// manifest to the caller (a cached private image is only for those who
+/// may read it, [`origin::check_access`]).
 fn pinned_in_store(
     store: &Store,
     client: &RegistryClient,
@@ -344,18 +352,41 @@ fn pinned_in_store(
     let Some(mut stored) = store.load(&digest)? else {
         return Ok(None);
     };
-    let same_repository = meta.registry == image.registry && meta.repository == image.repository;
-    if !(meta.anonymous && same_repository) {
-        // Denied or unknown: the error says so; nothing from the store is handed out.
-        client.check_manifest(image, &pinned)?;
+    if !origin::public_here(&meta, image) {
+        // Asked of the image's own origins, never of the name the requester
+        // gave: denied or unknown, the error says so and nothing from the
+        // store is handed out.
+        origin::check_access(client, &meta, image, &pinned)?;
     }
     progress.say(format!("{image} is already in the store"));
-    touch_last_used(&store.image_dir(&digest));
+    store.touch_last_used(&digest);
     stored.reference = Some(ImageRef {
         user: None,
         ..image.with_digest(digest.as_str())
     });
     Ok(Some(stored))
+}
+
+/// After `image` resolved (with the caller's credentials) to `digest`, which
+/// is in the store: when the store's copy came from another repository,
+/// one of its own origins must let the caller read it too (any server can
+/// serve the bytes of a manifest it knows; the layers are another matter).
+fn check_resolved_access(
+    store: &Store,
+    client: &RegistryClient,
+    image: &ImageRef,
+    digest: &Digest,
+) -> Result<()> {
+    let meta = store.read_meta(digest).with_context(|| {
+        format!(
+            "the stored image {digest} has no readable meta.json: remove it (berth rmi) and \
+             pull again"
+        )
+    })?;
+    if meta.came_from(image) {
+        return Ok(());
+    }
+    origin::check_access(client, &meta, image, digest)
 }
 
 /// Downloads the layers not yet in the store (top layer first, up to
@@ -647,7 +678,11 @@ pub(super) fn publish(store: &Store, staging: TempEntry, digest: &Digest) -> Res
     if dest.exists() {
         // An older conversion (the lock is held, and load() refused it): move it
         // aside atomically, then remove it. Mounted copies stay valid.
-        let old = TempEntry::dir(&store.tmp_dir(), &format!("old-{}", digest.hex()), 0o755)?;
+        let old = TempEntry::dir(
+            &store.staging_dir()?,
+            &format!("old-{}", digest.hex()),
+            0o755,
+        )?;
         fs::rename(&dest, old.path().join("image"))
             .with_context(|| format!("cannot move the old {} aside", dest.display()))?;
     }

@@ -81,7 +81,7 @@ impl Store {
     /// Removes an image folder unless a container holds its squashfs file;
     /// returns the bytes freed, `None` when it is in use.
     pub(super) fn remove_image_dir(&self, dir: &std::path::Path) -> Result<Option<u64>> {
-        let _exclusive = match lock_unused(&dir.join("image.sqfs"))? {
+        let _exclusive = match lock_unused(self, &dir.join("image.sqfs"))? {
             Exclusive::Busy => return Ok(None),
             Exclusive::Locked(file) => Some(file),
             Exclusive::Missing => None,
@@ -91,7 +91,7 @@ impl Store {
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
         // Rename first: the image disappears at once, whatever the removal takes.
-        let trash = TempEntry::dir(&self.tmp_dir(), &format!("rmi-{name}"), 0o700)?;
+        let trash = TempEntry::dir(&self.staging_dir()?, &format!("rmi-{name}"), 0o700)?;
         fs::rename(dir, trash.path().join("image")).with_context(|| {
             format!(
                 "cannot remove {}: check that you may write to the store {}",

@@ -1,5 +1,7 @@
-//! Path operations inside an image's root file system that a hostile image
-//! cannot turn against the host.
+//! Path operations inside a folder that someone else controls (an image's
+//! root file system, a folder of the pull user or of the job's user) that
+//! they cannot turn against the host. (Base layer: the container, the store
+//! and fan-out all use it; `crate::container::safepath` names it too.)
 //!
 //! Every lookup goes through `openat2(2)` with `RESOLVE_IN_ROOT |
 //! RESOLVE_NO_MAGICLINKS` relative to an `O_PATH` descriptor of the root, so
@@ -72,6 +74,87 @@ impl RootDir {
             resolve: self.resolve | libc::RESOLVE_NO_XDEV,
             new_owner: self.new_owner,
         })
+    }
+
+    /// This root, with lookups that follow no symlink at all
+    /// (`RESOLVE_NO_SYMLINKS`), inside the root or not: for root working in
+    /// a folder another user can change (the pull user's store areas), where
+    /// a link could point at `/etc/shadow` or a device.
+    pub fn without_symlinks(&self) -> io::Result<RootDir> {
+        Ok(RootDir {
+            fd: self.fd.try_clone()?,
+            path: self.path.clone(),
+            resolve: self.resolve | libc::RESOLVE_NO_SYMLINKS,
+            new_owner: self.new_owner,
+        })
+    }
+
+    /// Opens the regular file at `path` inside the root with `flags` (e.g.
+    /// `O_RDONLY`, or `O_WRONLY | O_CREAT` with `mode`), non-blocking and
+    /// without following a final symlink, and checks what it opened: a
+    /// regular file with one link (a hard link to a file elsewhere, such as
+    /// `/etc/shadow`, is refused), owned by root or by one of `owners`.
+    pub fn open_regular(
+        &self,
+        path: &Path,
+        flags: i32,
+        mode: u32,
+        owners: &[u32],
+    ) -> io::Result<File> {
+        let parts = components(path)?;
+        let flags = flags | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+        let fd = openat2_with(
+            self.fd.as_fd(),
+            &join_parts(&parts),
+            flags,
+            mode,
+            self.resolve,
+        )?;
+        let stat = fstat(fd.as_raw_fd())?;
+        let refuse = |why: String| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {why}", self.path.join(path).display()),
+            )
+        };
+        if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+            return Err(refuse("not a regular file".into()));
+        }
+        if stat.st_nlink > 1 {
+            return Err(refuse(format!("has {} hard links", stat.st_nlink)));
+        }
+        if stat.st_uid != 0 && !owners.contains(&stat.st_uid) {
+            return Err(refuse(format!("belongs to uid {}", stat.st_uid)));
+        }
+        Ok(File::from(fd))
+    }
+
+    /// Reads the regular file at `path` inside the root as
+    /// [`RootDir::open_regular`] opens it, up to `limit` bytes (more is an
+    /// error); `None` when it does not exist.
+    pub fn read_regular(
+        &self,
+        path: &Path,
+        limit: u64,
+        owners: &[u32],
+    ) -> io::Result<Option<Vec<u8>>> {
+        let file = match self.open_regular(path, libc::O_RDONLY, 0, owners) {
+            Ok(file) => file,
+            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(err) => return Err(err),
+        };
+        let mut contents = Vec::new();
+        file.take(limit + 1).read_to_end(&mut contents)?;
+        if contents.len() as u64 > limit {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{}: larger than {limit} bytes",
+                    self.path.join(path).display()
+                ),
+            ));
+        }
+        Ok(Some(contents))
     }
 
     /// The same root, giving every file and directory it creates from now on
@@ -298,6 +381,20 @@ fn is_symlink_at(dir: BorrowedFd<'_>, name: &OsStr) -> bool {
         .unwrap_or(false)
 }
 
+/// Opens `path` below the folder `dir` without ever leaving it
+/// (`openat2(2)` with `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS`), with the
+/// `RESOLVE_*` bits `resolve` added: for root working in a folder another
+/// user owns, `RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV` follow no link and
+/// cross no mount (a FUSE mount of the user is never entered).
+pub fn open_below(
+    dir: BorrowedFd<'_>,
+    path: &Path,
+    flags: i32,
+    resolve: u64,
+) -> io::Result<OwnedFd> {
+    openat2_in_root(dir, path, flags, resolve)
+}
+
 /// openat2(2) with `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS` and `resolve`,
 /// relative to `root`.
 fn openat2_in_root(
@@ -306,11 +403,23 @@ fn openat2_in_root(
     flags: i32,
     resolve: u64,
 ) -> io::Result<OwnedFd> {
+    openat2_with(root, path, flags, 0, resolve)
+}
+
+/// [`openat2_in_root`] with the `mode` a created file gets.
+fn openat2_with(
+    root: BorrowedFd<'_>,
+    path: &Path,
+    flags: i32,
+    mode: u32,
+    resolve: u64,
+) -> io::Result<OwnedFd> {
     let path = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| invalid_input("path contains a NUL byte"))?;
     // SAFETY: open_how is a plain C struct for which all-zero is a valid value.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
     how.flags = (flags | libc::O_CLOEXEC) as u64;
+    how.mode = u64::from(mode);
     how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS | resolve;
     // RESOLVE_IN_ROOT fails with EAGAIN when a concurrent rename could have
     // moved a path out of the root; retrying is the documented answer.
