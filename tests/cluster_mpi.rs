@@ -4,9 +4,11 @@
 //! (`$BERTH_TEST_STATE_DIR/inject.d`, set on the plugstack line by
 //! tests/run.sh); each test writes its own.
 //!
-//! The test nodes are network namespaces of one kernel, so UCX would take
-//! them for one machine and use shared memory between them (each has its own
-//! /dev/shm): the MPICH runs set `UCX_TLS=tcp,self`.
+//! The test nodes are network namespaces of one kernel. Each also has its own
+//! IPC namespace (tests/harness/cluster.sh), from which UCX tells them apart
+//! like real nodes: the `ucx_defaults` tests run several ranks per node with
+//! UCX's defaults (shared memory within a node, TCP between nodes); the
+//! older MPICH runs still set `UCX_TLS=tcp,self`.
 
 mod common;
 
@@ -252,5 +254,253 @@ fn incompatible_host_mpi_is_refused_with_the_reason() {
             "{who:?}: {all}"
         );
         assert!(all.contains("test-mpich-ompi"), "{who:?}: {all}");
+    }
+}
+
+/// `srun` arguments of a two-node, two-ranks-per-node step in `image`.
+fn two_by_two<'a>(mpi: &'a str, image: &'a str, command: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![mpi, "-N2", "--ntasks-per-node=2", image];
+    args.extend_from_slice(command);
+    args
+}
+
+#[test]
+fn ucx_defaults_mpich_ranks_share_memory_within_a_node() {
+    let (cluster, _one_at_a_time) = cluster_or_skip!();
+    let image = format!("--container-image={}", cluster.image("mpich:bookworm"));
+    for who in BOTH {
+        // No UCX_* at all: UCX's posix transport opens its peers' memory
+        // through /proc/PID/fd/N (UCX_POSIX_USE_PROC_LINK=y).
+        // UCX_LOG_LEVEL=info only shows the transports UCX chose. One node:
+        // MPICH over UCX/TCP between these nodes has stalled at the end
+        // (the Open MPI test below crosses nodes).
+        let command = [
+            "sh",
+            "-c",
+            "env | grep '^UCX_' ; UCX_LOG_LEVEL=info mpi_hello",
+        ];
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    "--mpi=pmi2",
+                    "-N1",
+                    "-n4",
+                    &image,
+                    command[0],
+                    command[1],
+                    command[2],
+                ],
+            )
+            .ok();
+        let all = format!("{}\n{}", run.stdout, run.stderr);
+        assert!(
+            !run.stdout.lines().any(|l| l.starts_with("UCX_")),
+            "{who:?}: {all}"
+        );
+        assert!(!all.contains("Shared memory error"), "{who:?}: {all}");
+        assert!(
+            all.contains("allreduce sum=6 expected=6 ok"),
+            "{who:?}: {all}"
+        );
+        assert_shared_memory_within_tcp_between(&all, who, false);
+    }
+}
+
+#[test]
+fn ucx_defaults_open_mpi_ranks_share_memory_within_a_node() {
+    let (cluster, _one_at_a_time) = cluster_or_skip!();
+    let image = format!("--container-image={}", cluster.image("openmpi:bookworm"));
+    for who in BOTH {
+        // Open MPI's UCX PML (not its own shared-memory BTL), UCX defaults.
+        let command = [
+            "--container-mpi=none",
+            "sh",
+            "-c",
+            "env | grep '^UCX_'; OMPI_MCA_pml=ucx OMPI_MCA_pml_ucx_tls=any \
+             OMPI_MCA_pml_ucx_devices=any UCX_LOG_LEVEL=info mpi_hello",
+        ];
+        let run = cluster
+            .srun(who, &two_by_two("--mpi=pmix", &image, &command))
+            .ok();
+        let all = format!("{}\n{}", run.stdout, run.stderr);
+        assert!(
+            !run.stdout.lines().any(|l| l.starts_with("UCX_")),
+            "{who:?}: {all}"
+        );
+        assert!(!all.contains("PMIX ERROR"), "{who:?}: {all}");
+        assert!(
+            all.contains("allreduce sum=6 expected=6 ok"),
+            "{who:?}: {all}"
+        );
+        assert_shared_memory_within_tcp_between(&all, who, true);
+    }
+}
+
+/// UCX's log (`UCX_LOG_LEVEL=info`) names shared-memory transports for the
+/// peers on the same node and, `across` nodes, TCP for the other node's.
+fn assert_shared_memory_within_tcp_between(log: &str, who: common::Submitter, across: bool) {
+    let endpoints: Vec<&str> = log.lines().filter(|l| l.contains("ep_cfg[")).collect();
+    assert!(
+        endpoints
+            .iter()
+            .any(|l| l.contains("posix/memory") || l.contains("sysv/memory")),
+        "{who:?}: no shared memory within a node: {log}"
+    );
+    assert!(
+        !across || endpoints.iter().any(|l| l.contains("tcp/")),
+        "{who:?}: no TCP between nodes: {log}"
+    );
+}
+
+#[test]
+fn pmix_server_tmpdir_and_modules_reach_the_container() {
+    let (cluster, _one_at_a_time) = cluster_or_skip!();
+    let image = format!("--container-image={}", cluster.image("debian:bookworm"));
+    for who in BOTH {
+        let script = "test -n \"$PMIX_SERVER_TMPDIR\" && test -d \"$PMIX_SERVER_TMPDIR\" && \
+                      ls -A \"$PMIX_SERVER_TMPDIR\" | grep -q . && echo server-tmpdir-ok; \
+                      echo \"psec=$PMIX_MCA_psec/$PMIX_SECURITY_MODE\"; \
+                      echo \"gds=$PMIX_MCA_gds/$PMIX_GDS_MODULE\"; \
+                      echo \"ptl=$PMIX_MCA_ptl/$PMIX_PTL_MODULE\"";
+        let run = cluster
+            .srun(
+                who,
+                &["--mpi=pmix", "-N1", "-n1", &image, "sh", "-c", script],
+            )
+            .ok();
+        let out = &run.stdout;
+        assert!(
+            out.contains("server-tmpdir-ok"),
+            "{who:?}: {out}\n{}",
+            run.stderr
+        );
+        for name in ["psec", "gds"] {
+            let line = out
+                .lines()
+                .find(|l| l.starts_with(&format!("{name}=")))
+                .unwrap_or_else(|| panic!("{who:?}: no {name} line: {out}"));
+            let (mca, server) = line[name.len() + 1..].split_once('/').unwrap();
+            assert!(!server.is_empty(), "{who:?}: Slurm set no module: {out}");
+            assert_eq!(mca, server, "{who:?}: {out}");
+        }
+        // A module the job chose itself stays.
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    "--mpi=pmix",
+                    "-N1",
+                    "-n1",
+                    "--export=ALL,PMIX_MCA_gds=hash",
+                    &image,
+                    "sh",
+                    "-c",
+                    "echo gds=$PMIX_MCA_gds",
+                ],
+            )
+            .ok();
+        assert!(run.stdout.contains("gds=hash\n"), "{who:?}: {}", run.stdout);
+        // Not for a PMI2 step.
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    "--mpi=pmi2",
+                    "-N1",
+                    "-n1",
+                    &image,
+                    "sh",
+                    "-c",
+                    "echo gds=[$PMIX_MCA_gds]",
+                ],
+            )
+            .ok();
+        assert!(run.stdout.contains("gds=[]"), "{who:?}: {}", run.stdout);
+    }
+}
+
+#[test]
+fn pytorch_images_get_rank_world_and_master_per_task() {
+    let (cluster, _one_at_a_time) = cluster_or_skip!();
+    let show =
+        "echo \"task $SLURM_PROCID: RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE \
+                MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT OMP=$OMP_NUM_THREADS \
+                JOB=$SLURM_JOB_ID\"";
+    let pytorch = format!("--container-image={}", cluster.image("busybox:pytorch"));
+    let plain = format!("--container-image={}", cluster.image("busybox:latest"));
+    for who in BOTH {
+        let run = cluster
+            .srun(
+                who,
+                &["-N2", "--ntasks-per-node=2", &pytorch, "sh", "-c", show],
+            )
+            .ok();
+        let lines: Vec<&str> = run
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("task "))
+            .collect();
+        assert_eq!(lines.len(), 4, "{who:?}: {}\n{}", run.stdout, run.stderr);
+        let job: u64 = lines[0]
+            .rsplit("JOB=")
+            .next()
+            .and_then(|j| j.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{who:?}: no job id: {}", run.stdout));
+        let port = job % 4536 + 61000;
+        for line in &lines {
+            let rank = line["task ".len()..].split(':').next().unwrap();
+            assert!(line.contains(&format!("RANK={rank} ")), "{who:?}: {line}");
+            assert!(line.contains("WORLD_SIZE=4 "), "{who:?}: {line}");
+            assert!(line.contains("MASTER_ADDR=node1 "), "{who:?}: {line}");
+            assert!(
+                line.contains(&format!("MASTER_PORT={port} ")),
+                "{who:?}: {line}"
+            );
+            assert!(line.contains("OMP=1 "), "{who:?}: {line}");
+        }
+        let mut local: Vec<&str> = lines
+            .iter()
+            .map(|l| {
+                l.split("LOCAL_RANK=")
+                    .nth(1)
+                    .unwrap()
+                    .split(' ')
+                    .next()
+                    .unwrap()
+            })
+            .collect();
+        local.sort_unstable();
+        assert_eq!(local, ["0", "0", "1", "1"], "{who:?}: {lines:?}");
+
+        // The job's own MASTER_PORT wins; an image without PYTORCH_VERSION gets nothing.
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    "-N1",
+                    "-n1",
+                    "--export=ALL,MASTER_PORT=12345",
+                    &pytorch,
+                    "sh",
+                    "-c",
+                    show,
+                ],
+            )
+            .ok();
+        assert!(
+            run.stdout.contains("MASTER_PORT=12345 "),
+            "{who:?}: {}",
+            run.stdout
+        );
+        let run = cluster
+            .srun(who, &["-N1", "-n1", &plain, "sh", "-c", show])
+            .ok();
+        assert!(
+            run.stdout
+                .contains("RANK= LOCAL_RANK= WORLD_SIZE= MASTER_ADDR= MASTER_PORT="),
+            "{who:?}: {}",
+            run.stdout
+        );
     }
 }

@@ -623,3 +623,52 @@ $S --container-name=owned --container-save={named_saved} sh -c 'cat /etc/kept-fi
         let _ = std::fs::remove_file(&remapped_saved);
     }
 }
+
+#[test]
+fn joining_with_a_namespace_the_running_container_lacks_is_refused() {
+    let cluster = cluster_or_skip!();
+    let _scope = scope_lock();
+    let image = cluster.image("busybox:latest");
+    for who in BOTH {
+        // Step 1 runs 'nsjoin' with a UTS namespace of its own, no IPC or
+        // network namespace.
+        let script = format!(
+            r#"
+stop=/tmp/berth-named-ns-stop-$SLURM_JOB_ID
+rm -f $stop
+$S --container-image={image} --container-name=nsjoin --container-unshare=uts sh -c "while [ ! -e $stop ]; do sleep 0.1; done" &
+bg=$!
+for i in $(seq 1 100); do
+    $S --container-name=nsjoin:exec true 2>/dev/null && break
+    sleep 0.2
+done
+$S --container-name=nsjoin --container-unshare=ipc sh -c 'echo RAN-ipc' 2>&1 | sed 's/^/ipc:/'
+$S --container-name=nsjoin --container-unshare=net,uts sh -c 'echo RAN-net' 2>&1 | sed 's/^/net:/'
+$S --container-name=nsjoin --container-unshare=uts sh -c 'echo RAN-uts'
+$S touch $stop
+wait $bg && echo step1-done
+rm -f $stop
+"#
+        );
+        let (run, _, _) = in_allocation(&cluster, who, &script);
+        let out = format!("{}\n{}", run.stdout, run.stderr);
+        let ctx = format!("{who:?}");
+        assert!(
+            !out.contains("RAN-ipc"),
+            "{ctx}: ran in the node's IPC namespace: {out}"
+        );
+        assert!(
+            !out.contains("RAN-net"),
+            "{ctx}: ran in the node's network: {out}"
+        );
+        assert_has(
+            &out,
+            "--container-unshare=ipc: container 'nsjoin' is already running",
+            &ctx,
+        );
+        assert_has(&out, "without its own ipc namespace", &ctx);
+        assert_has(&out, "without its own net namespace", &ctx);
+        assert_has(&out, "RAN-uts", &ctx);
+        assert_has(&out, "step1-done", &ctx);
+    }
+}

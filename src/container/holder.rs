@@ -45,6 +45,7 @@ use crate::container::entrypoint;
 use crate::container::etcfiles::{group_content, passwd_content};
 use crate::container::fuse::{self, FuseMount};
 use crate::container::idmap::{self, IdSwap, MappingNamespace};
+use crate::container::ipcns;
 use crate::container::loopdev::LoopDevice;
 use crate::container::mountplan::MountPlan;
 use crate::container::mounts::{self, StagingPaths};
@@ -389,6 +390,9 @@ fn finish(
     }
     drop(root);
     mounts::pivot_into(root_path).context("entering the root file system")?;
+    if spec.unshare.contains(&Namespace::Ipc) {
+        ipcns::mount_own_ipc_files()?;
+    }
     if !spec.writable {
         mounts::make_root_read_only()?;
     }

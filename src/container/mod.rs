@@ -19,7 +19,9 @@
 //! (passwd and group), [`safepath`] (path operations a hostile image cannot
 //! escape), [`loopdev`] (loop devices), [`mounts`] (mount operations), `fuse`
 //! (daemons of unprivileged mode), `netns` (loopback up in a new network
+//! namespace), `ipcns` (own `/dev/shm` and `/dev/mqueue` in a new IPC
 //! namespace), `seccomp` (the remap-root filter),
+//! [`taskhooks`] (the PMIx and PyTorch variables of enroot's hooks),
 //! [`save`] (`--container-save`: pack a root into a squashfs file),
 //! [`channel`] (messages to and from the holder), [`holder`] (the stages),
 //! `spawn` (the caller's side) and `join` (the [`Container`]).
@@ -32,6 +34,7 @@ pub mod etcfiles;
 mod fuse;
 pub mod holder;
 pub mod idmap;
+mod ipcns;
 mod join;
 pub mod loopdev;
 pub mod mountplan;
@@ -42,6 +45,7 @@ pub mod save;
 mod seccomp;
 mod spawn;
 pub mod spec;
+pub mod taskhooks;
 pub mod usermount;
 
 pub use env::task_env;

@@ -10,6 +10,7 @@
 //! - `named_step`: slurmstepd side of `--container-name` (join, reuse or create);
 //! - `fanout`: slurmstepd side of `fanout=sbcast` (send, receive, or fall back to a pull);
 //! - `cancel_watch`: slurmstepd side: stops a setup whose job ended (scancel, time limit);
+//! - `pmi_dirs`: slurmstepd side: the PMI folders bound into the container;
 //! - `task_prolog`: slurmstepd side: the site's TaskProlog, run on the host for container tasks.
 //!
 //! This module must not contain container or registry logic of its own.
@@ -22,6 +23,7 @@ pub mod local;
 mod named_step;
 pub mod options;
 pub mod plugin;
+mod pmi_dirs;
 
 pub mod remote;
 pub mod resolve;

@@ -14,7 +14,7 @@ use super::remote::{
     build_spec, keep_job_env, pull_and_hold, save_request, PendingSave, StepContainer, StepContext,
 };
 use crate::config::Config;
-use crate::container::{spawn_holder, Container, ContainerSpec, Mode};
+use crate::container::{spawn_holder, Container, ContainerSpec, Mode, Namespace};
 use crate::named::running::Publication;
 use crate::named::{
     decide, Action, ContainerName, NamedKey, NamedMeta, NamedRoot, NamedRoots, Registry,
@@ -70,6 +70,7 @@ fn start_as_root(
     let (container, spec, holds, image_hold, what) = match (action, existing) {
         (Action::Join, existing) => {
             let record = &running[0];
+            refuse_missing_namespaces(ctx, key, record)?;
             let mut spec = record.spec.clone();
             if let Some(workdir) = &ctx.options.workdir {
                 spec.workdir = Some(workdir.clone());
@@ -139,6 +140,39 @@ fn start_as_root(
         save,
     };
     Ok((step, what))
+}
+
+/// `--container-unshare` when joining a running container: each kind asked
+/// for must be a namespace of the container's own, or the step would run in
+/// the node's (pyxis refuses too).
+fn refuse_missing_namespaces(
+    ctx: &StepContext,
+    key: &NamedKey,
+    record: &RunningStep,
+) -> Result<(), String> {
+    let Some(list) = &ctx.options.unshare else {
+        return Ok(());
+    };
+    let wanted =
+        Namespace::parse_list(list).map_err(|e| format!("--container-unshare={list}: {e}"))?;
+    let missing: Vec<&str> = wanted
+        .iter()
+        .map(|kind| kind.name())
+        .filter(|name| !record.namespaces.iter().any(|ns| ns.kind == *name))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "--container-unshare={list}: container '{}' is already running (step {}.{}) without \
+         its own {} namespace, and a joining step cannot get one; run this step without \
+         --container-unshare={}, or start the container with it (in its first step)",
+        key.name,
+        record.job,
+        record.step,
+        missing.join(", "),
+        missing.join(","),
+    ))
 }
 
 /// Builds a container on the kept root of `root`.

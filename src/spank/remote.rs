@@ -104,14 +104,6 @@ static SETUP_FAILED: Mutex<bool> = Mutex::new(false);
 /// task runs it on the host before it joins ([`super::task_prolog`]).
 static TASK_PROLOG: Mutex<Option<PathBuf>> = Mutex::new(None);
 
-/// Environment variables whose folders the PMIx and PMI2 clients need to see.
-const PMI_DIR_VARIABLES: &[&str] = &[
-    "PMIX_SERVER_TMPDIR",
-    "PMIX_SYSTEM_TMPDIR",
-    "SLURM_PMIX_TMPDIR",
-    "TMPDIR",
-];
-
 /// Whether a step runs in a container: never the extern step; the batch
 /// step only with sbatch support (`sbatch_support`, on by default).
 fn wants_container(step: u32, options: &JobOptions, config: &Config) -> bool {
@@ -354,7 +346,15 @@ pub(super) fn build_spec(ctx: &StepContext, stored: &StoredImage) -> Result<Cont
     }
     spec.mounts = mounts;
     spec.workdir = options.workdir.clone();
-    spec.extra_binds = pmi_binds(&ctx.job_env);
+    spec.extra_binds = super::pmi_dirs::PmiDirs {
+        job_env: &ctx.job_env,
+        server_tmpdir: std::env::var("PMIX_SERVER_TMPDIR").ok(),
+        tmp_fs: super::pmi_dirs::tmp_fs(&ctx.node),
+        uid: ctx.user.uid,
+        job: ctx.job,
+        step: ctx.step,
+    }
+    .binds();
     spec.extra_binds.extend(ctx.batch_script.clone());
     if let Some(prolog) = &ctx.task_prolog {
         spec.extra_binds
@@ -505,6 +505,15 @@ pub fn task_init(spank: &Spank) -> Result<(), String> {
             spank.unsetenv(name).map_err(|e| e.to_string())?;
         }
     }
+    // enroot's PMIx and PyTorch hooks, per task (Slurm's MPI plugin set
+    // this task's PMIX_* before this callback).
+    let task_value = |name: &str| spank.getenv(name);
+    let hooks = crate::container::taskhooks::pmix_mca_env(task_value)
+        .into_iter()
+        .chain(crate::container::taskhooks::pytorch_env(task_value));
+    for (name, value) in hooks {
+        spank.setenv(&name, &value).map_err(|e| e.to_string())?;
+    }
     super::task_prolog::apply(spank, &prolog_actions)
 }
 
@@ -619,29 +628,6 @@ fn save_root(spank: &Spank, request: &SaveRequest) -> Result<(), String> {
 /// Lets go of the container's namespaces (if the tasks did not already).
 pub fn exit() {
     CONTAINER.lock().unwrap_or_else(|p| p.into_inner()).take();
-}
-
-/// Folders named by PMI variables of the job that must be visible inside.
-fn pmi_binds(job_env: &[String]) -> Vec<MountSpec> {
-    let mut binds: Vec<MountSpec> = Vec::new();
-    for entry in job_env {
-        let Some((name, value)) = entry.split_once('=') else {
-            continue;
-        };
-        if !PMI_DIR_VARIABLES.contains(&name) || !value.starts_with('/') {
-            continue;
-        }
-        let path = Path::new(value);
-        if path.starts_with("/tmp") || !path.is_dir() || binds.iter().any(|b| b.source == path) {
-            continue;
-        }
-        binds.push(MountSpec {
-            source: path.to_path_buf(),
-            target: path.to_path_buf(),
-            read_only: false,
-        });
-    }
-    binds
 }
 
 /// This node's name, for `%n` in `store_path` and for messages: the host's
@@ -799,23 +785,4 @@ pub(super) fn run_pull(
         .iter()
         .for_each(|note| handle::log_user(note));
     Ok(pulled.answer)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pmi_binds_keep_existing_dirs_outside_tmp() {
-        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-        let env = vec![
-            format!("PMIX_SERVER_TMPDIR={}", dir.path().display()),
-            "PMIX_SYSTEM_TMPDIR=/tmp".to_string(),
-            "OTHER=/etc".to_string(),
-            "TMPDIR=/nonexistent/x".to_string(),
-        ];
-        let binds = pmi_binds(&env);
-        assert_eq!(binds.len(), 1);
-        assert_eq!(binds[0].source, dir.path());
-    }
 }

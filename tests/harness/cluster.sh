@@ -334,14 +334,17 @@ start_slurmd() {
     # nsenter --net (not `ip netns exec`, which remounts /sys and hides the
     # cgroup mounts); own hostname (Open MPI tells nodes apart by it); own
     # /tmp (Slurm's PMIx plugin uses fixed names under /tmp), /dev/shm and
-    # /etc/hosts (cluster names only).
+    # /etc/hosts (cluster names only); own IPC namespace (System V objects
+    # and message queues of its own, like a real node: UCX then tells the
+    # nodes apart and keeps shared memory within one node).
     # shellcheck disable=SC2016  # $1.. belong to the inner sh
     SLURM_CONF=$SLURM_CONF_FILE nsenter --net="/var/run/netns/$ns" -- \
-        unshare --uts --mount --propagation private -- /bin/sh -c '
+        unshare --uts --ipc --mount --propagation private -- /bin/sh -c '
             set -e
             hostname "$1"
             mount --bind "$2" /tmp
             mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm
+            [ ! -d /dev/mqueue ] || mount -t mqueue -o nosuid,nodev,noexec mqueue /dev/mqueue
             mount --bind "$3" /etc/hosts
             [ -z "$5" ] || mount --bind "$5" "$6"
             exec slurmd -f "$4" -N "$1"

@@ -13,6 +13,9 @@
 #                             a background job (sleep 4711) and a daemon
 #                             (setsid sleep 4712, double fork) running,
 #                             then runs its arguments
+#   busybox:pytorch           busybox's own ENTRYPOINT, PYTORCH_VERSION=2.3.0
+#                             added to its Env (a PyTorch image to berth, for
+#                             the PyTorch variables of tests/cluster_mpi.rs)
 # Same layers as busybox:latest, only the image config differs: nothing is
 # built, nothing cached, and images.sh's cache stays valid. Needs
 # `images.sh push busybox` first. Idempotent; takes well under a second.
@@ -29,12 +32,19 @@ trap 'rm -rf "$WORK"' EXIT
 
 # push_variant TAG ENTRYPOINT_JSON: busybox:latest with another ENTRYPOINT.
 push_variant() {
-    local tag=$1 entrypoint=$2 manifest config_digest digest size location sep
+    push_config_variant "$1" "ENTRYPOINT $2" --argjson ep "$2" '.config.Entrypoint = $ep'
+}
+
+# push_config_variant TAG WHAT JQ_ARGS... FILTER: busybox:latest with its
+# image config changed by the jq FILTER (WHAT is for the log).
+push_config_variant() {
+    local tag=$1 what=$2 manifest config_digest digest size location sep
+    shift 2
     manifest=$(curl -sf -H "Accept: $MANIFEST_TYPE" "$REG/v2/busybox/manifests/latest") ||
         die "no busybox:latest on $REGISTRY_ADDR: run tests/harness/images.sh push busybox"
     config_digest=$(jq -r .config.digest <<<"$manifest")
     curl -sf "$REG/v2/busybox/blobs/$config_digest" |
-        jq -c --argjson ep "$entrypoint" '.config.Entrypoint = $ep' | tr -d '\n' >"$WORK/config"
+        jq -c "$@" | tr -d '\n' >"$WORK/config"
     digest=sha256:$(sha256sum "$WORK/config" | cut -d' ' -f1)
     size=$(stat -c %s "$WORK/config")
     location=$(curl -sf -D - -o /dev/null -X POST "$REG/v2/busybox/blobs/uploads/" |
@@ -49,10 +59,11 @@ push_variant() {
         <<<"$manifest" | tr -d '\n' >"$WORK/manifest"
     curl -sf -o /dev/null -X PUT -H "Content-Type: $MANIFEST_TYPE" \
         --data-binary "@$WORK/manifest" "$REG/v2/busybox/manifests/$tag"
-    log "pushed $REGISTRY_ADDR/busybox:$tag (ENTRYPOINT $entrypoint)"
+    log "pushed $REGISTRY_ADDR/busybox:$tag ($what)"
 }
 
 # shellcheck disable=SC2016  # $@ and $(id -u) are for the image's shell
 push_variant entrypoint '["/bin/sh", "-c", "echo \"entrypoint says hello as uid $(id -u)\"; echo entrypoint writes to stderr >&2; export BERTH_ENTRYPOINT_RAN=yes BERTH_TEST_ENV=changed-by-entrypoint; unset BERTH_REMOVE_ME; exec \"$@\"", "berth-entrypoint"]'
 push_variant entrypoint-fails '["/bin/sh", "-c", "echo entrypoint failing on purpose >&2; exit 3", "berth-entrypoint"]'
 push_variant entrypoint-daemon '["/bin/sh", "-c", "grep NoNewPrivs /proc/self/status; sleep 4711 & (setsid sleep 4712 </dev/null >/dev/null 2>&1 &); exec \"$@\"", "berth-entrypoint"]'
+push_config_variant pytorch 'Env + PYTORCH_VERSION=2.3.0' '.config.Env = ((.config.Env // []) + ["PYTORCH_VERSION=2.3.0"])'
