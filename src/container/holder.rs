@@ -127,6 +127,7 @@ fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Resu
     // files, mount points) is the user's too, like the image's own files.
     let owner = image.mapped.then_some((spec.user.uid, spec.user.gid));
     prepare_root(&image.root, spec, &plan, owner).context("preparing the root file system")?;
+    lock_user_mounts(&image.root, spec, &plan)?;
     let user = &spec.user;
     creds::become_user(user.uid, user.gid, &user.all_gids()).with_context(|| {
         format!(
@@ -143,9 +144,46 @@ fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Resu
         spec,
         &plan,
         &image.root,
+        Locked::Yes,
         Vec::new(),
         image.warnings,
     )
+}
+
+/// Whether the user's mounts and the read-only root were made before the
+/// container's user namespace (so the kernel locks them), or are still to
+/// be made in it (the unprivileged mode, where the user owns everything).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Locked {
+    /// Made by root in the private mount namespace: locked.
+    Yes,
+    /// To be made by [`finish`], inside the user namespace.
+    No,
+}
+
+/// Privileged stage 4a, still root in the private mount namespace: the
+/// user's mounts (with the user's permissions on their sources) and, unless
+/// the container is writable, the root made read-only. The user namespace
+/// created next inherits them locked: neither `mount -o remount,rw` nor
+/// `umount` undoes them, not even with `--container-remap-root` or for a
+/// process of the user that joins the namespaces from outside.
+fn lock_user_mounts(
+    root_path: &Path,
+    spec: &ContainerSpec,
+    plan: &MountPlan,
+) -> anyhow::Result<()> {
+    let root = open_root(root_path).context("mounting your directories")?;
+    for mount in &plan.user {
+        mounts::apply_as_user(&root, mount, &spec.user).context("mounting your directories")?;
+    }
+    if !spec.writable {
+        let top = std::fs::File::open(root_path)
+            .with_context(|| format!("cannot open the container root {}", root_path.display()))?;
+        use std::os::fd::AsFd;
+        mounts::make_mount_read_only(top.as_fd())
+            .context("cannot make the container's root file system read-only")?;
+    }
+    Ok(())
 }
 
 fn build_unprivileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Result<()> {
@@ -164,7 +202,7 @@ fn build_unprivileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Re
     // stay in this mount namespace, and pivot_root happens in a new one.
     unshare(CloneFlags::CLONE_NEWNS)
         .context("cannot create the container's mount namespace (unshare CLONE_NEWNS)")?;
-    finish(channel, spec, &plan, &root, daemons, Vec::new())
+    finish(channel, spec, &plan, &root, Locked::No, daemons, Vec::new())
 }
 
 /// Enters a new mount namespace whose mounts are all private and returns
@@ -377,19 +415,26 @@ fn finish(
     spec: &ContainerSpec,
     plan: &MountPlan,
     root_path: &Path,
+    locked: Locked,
     daemons: Vec<FuseMount>,
     warnings: Vec<String>,
 ) -> anyhow::Result<()> {
+    // The recursive bind keeps the locks of the mounts below (and of the
+    // root's read-only flag), while pivot_root needs a top it may move.
     mounts::bind_onto_itself(root_path).context("entering the root file system")?;
     // A descriptor opened before unshare (or the bind) names other mounts:
     // open the root again, on the bind of this namespace.
     let root = open_root(root_path).context("mounting your directories")?;
     for mount in &plan.user {
-        mounts::apply(&root, mount).context("mounting your directories")?;
+        match locked {
+            Locked::Yes => mounts::set_user_propagation(&root, mount),
+            Locked::No => mounts::apply(&root, mount),
+        }
+        .context("mounting your directories")?;
     }
     drop(root);
     mounts::pivot_into(root_path).context("entering the root file system")?;
-    if !spec.writable {
+    if !spec.writable && locked == Locked::No {
         mounts::make_root_read_only()?;
     }
     let workdir = spec.effective_workdir();
