@@ -126,7 +126,10 @@ fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Resu
     // With the image mapped, what the holder creates in the root (the /etc
     // files, mount points) is the user's too, like the image's own files.
     let owner = image.mapped.then_some((spec.user.uid, spec.user.gid));
-    prepare_root(&image.root, spec, &plan, owner).context("preparing the root file system")?;
+    // ldconfig (library injection) runs as the user, never as root.
+    let runner = crate::inject::ldconfig::runner_for(&spec.user);
+    prepare_root(&image.root, spec, &plan, owner, Some(&runner))
+        .context("preparing the root file system")?;
     lock_user_mounts(&image.root, spec, &plan)?;
     let user = &spec.user;
     creds::become_user(user.uid, user.gid, &user.all_gids()).with_context(|| {
@@ -196,7 +199,7 @@ fn build_unprivileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Re
     let plan = MountPlan::new(spec, mounts::system_binds())?;
     enter_user_namespace(channel, spec).context("creating the user namespace")?;
     let (root, daemons) = mount_image_with_fuse(spec).context("mounting the image")?;
-    prepare_root(&root, spec, &plan, None).context("preparing the root file system")?;
+    prepare_root(&root, spec, &plan, None, None).context("preparing the root file system")?;
     // The daemons must keep the host's root: one whose root or working
     // directory is its own mount deadlocks on the first path lookup. So they
     // stay in this mount namespace, and pivot_root happens in a new one.
@@ -336,11 +339,14 @@ fn mount_image_with_fuse(spec: &ContainerSpec) -> anyhow::Result<(PathBuf, Vec<F
 /// Stages 2 and 3, still with the holder's first credentials: `/etc/passwd`,
 /// `/etc/group`, a mount point for every bind, and the host's directories.
 /// With `owner` (uid, gid), what is created in the root gets that owner.
+/// `runner`: whom a root holder runs `ldconfig` as (`None`: ourselves, the
+/// unprivileged holder).
 fn prepare_root(
     root_path: &Path,
     spec: &ContainerSpec,
     plan: &MountPlan,
     owner: Option<(u32, u32)>,
+    runner: Option<&UserIdentity>,
 ) -> anyhow::Result<()> {
     let mut root = open_root(root_path)?;
     if let Some((uid, gid)) = owner {
@@ -356,7 +362,7 @@ fn prepare_root(
         mounts::create_user_mount_point(&root, mount, &spec.user)?;
     }
     // Before any host file system enters the root: see inject::apply.
-    crate::inject::apply::inject_files(&root, &spec.injection)?;
+    crate::inject::apply::inject_files(&root, &spec.injection, runner)?;
     // Each bind below must not reach its target through an earlier one
     // (an image's `/etc -> /tmp/X` and a user's `/tmp/X -> /dev`).
     let one_mount = root
