@@ -127,7 +127,11 @@ fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Resu
     // With the image mapped, what the holder creates in the root (the /etc
     // files, mount points) is the user's too, like the image's own files.
     let owner = image.mapped.then_some((spec.user.uid, spec.user.gid));
-    prepare_root(&image.root, spec, &plan, owner).context("preparing the root file system")?;
+    // ldconfig (library injection) runs as the user, never as root.
+    let runner = crate::inject::ldconfig::runner_for(&spec.user);
+    prepare_root(&image.root, spec, &plan, owner, Some(&runner))
+        .context("preparing the root file system")?;
+    lock_user_mounts(&image.root, spec, &plan)?;
     let user = &spec.user;
     creds::become_user(user.uid, user.gid, &user.all_gids()).with_context(|| {
         format!(
@@ -144,9 +148,46 @@ fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Resu
         spec,
         &plan,
         &image.root,
+        Locked::Yes,
         Vec::new(),
         image.warnings,
     )
+}
+
+/// Whether the user's mounts and the read-only root were made before the
+/// container's user namespace (so the kernel locks them), or are still to
+/// be made in it (the unprivileged mode, where the user owns everything).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Locked {
+    /// Made by root in the private mount namespace: locked.
+    Yes,
+    /// To be made by [`finish`], inside the user namespace.
+    No,
+}
+
+/// Privileged stage 4a, still root in the private mount namespace: the
+/// user's mounts (with the user's permissions on their sources) and, unless
+/// the container is writable, the root made read-only. The user namespace
+/// created next inherits them locked: neither `mount -o remount,rw` nor
+/// `umount` undoes them, not even with `--container-remap-root` or for a
+/// process of the user that joins the namespaces from outside.
+fn lock_user_mounts(
+    root_path: &Path,
+    spec: &ContainerSpec,
+    plan: &MountPlan,
+) -> anyhow::Result<()> {
+    let root = open_root(root_path).context("mounting your directories")?;
+    for mount in &plan.user {
+        mounts::apply_as_user(&root, mount, &spec.user).context("mounting your directories")?;
+    }
+    if !spec.writable {
+        let top = std::fs::File::open(root_path)
+            .with_context(|| format!("cannot open the container root {}", root_path.display()))?;
+        use std::os::fd::AsFd;
+        mounts::make_mount_read_only(top.as_fd())
+            .context("cannot make the container's root file system read-only")?;
+    }
+    Ok(())
 }
 
 fn build_unprivileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Result<()> {
@@ -159,13 +200,13 @@ fn build_unprivileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Re
     let plan = MountPlan::new(spec, mounts::system_binds())?;
     enter_user_namespace(channel, spec).context("creating the user namespace")?;
     let (root, daemons) = mount_image_with_fuse(spec).context("mounting the image")?;
-    prepare_root(&root, spec, &plan, None).context("preparing the root file system")?;
+    prepare_root(&root, spec, &plan, None, None).context("preparing the root file system")?;
     // The daemons must keep the host's root: one whose root or working
     // directory is its own mount deadlocks on the first path lookup. So they
     // stay in this mount namespace, and pivot_root happens in a new one.
     unshare(CloneFlags::CLONE_NEWNS)
         .context("cannot create the container's mount namespace (unshare CLONE_NEWNS)")?;
-    finish(channel, spec, &plan, &root, daemons, Vec::new())
+    finish(channel, spec, &plan, &root, Locked::No, daemons, Vec::new())
 }
 
 /// Enters a new mount namespace whose mounts are all private and returns
@@ -299,11 +340,14 @@ fn mount_image_with_fuse(spec: &ContainerSpec) -> anyhow::Result<(PathBuf, Vec<F
 /// Stages 2 and 3, still with the holder's first credentials: `/etc/passwd`,
 /// `/etc/group`, a mount point for every bind, and the host's directories.
 /// With `owner` (uid, gid), what is created in the root gets that owner.
+/// `runner`: whom a root holder runs `ldconfig` as (`None`: ourselves, the
+/// unprivileged holder).
 fn prepare_root(
     root_path: &Path,
     spec: &ContainerSpec,
     plan: &MountPlan,
     owner: Option<(u32, u32)>,
+    runner: Option<&UserIdentity>,
 ) -> anyhow::Result<()> {
     let mut root = open_root(root_path)?;
     if let Some((uid, gid)) = owner {
@@ -319,7 +363,7 @@ fn prepare_root(
         mounts::create_user_mount_point(&root, mount, &spec.user)?;
     }
     // Before any host file system enters the root: see inject::apply.
-    crate::inject::apply::inject_files(&root, &spec.injection)?;
+    crate::inject::apply::inject_files(&root, &spec.injection, runner)?;
     // Each bind below must not reach its target through an earlier one
     // (an image's `/etc -> /tmp/X` and a user's `/tmp/X -> /dev`).
     let one_mount = root
@@ -378,22 +422,29 @@ fn finish(
     spec: &ContainerSpec,
     plan: &MountPlan,
     root_path: &Path,
+    locked: Locked,
     daemons: Vec<FuseMount>,
     warnings: Vec<String>,
 ) -> anyhow::Result<()> {
+    // The recursive bind keeps the locks of the mounts below (and of the
+    // root's read-only flag), while pivot_root needs a top it may move.
     mounts::bind_onto_itself(root_path).context("entering the root file system")?;
     // A descriptor opened before unshare (or the bind) names other mounts:
     // open the root again, on the bind of this namespace.
     let root = open_root(root_path).context("mounting your directories")?;
     for mount in &plan.user {
-        mounts::apply(&root, mount).context("mounting your directories")?;
+        match locked {
+            Locked::Yes => mounts::set_user_propagation(&root, mount),
+            Locked::No => mounts::apply(&root, mount),
+        }
+        .context("mounting your directories")?;
     }
     drop(root);
     mounts::pivot_into(root_path).context("entering the root file system")?;
     if spec.unshare.contains(&Namespace::Ipc) {
         ipcns::mount_own_ipc_files()?;
     }
-    if !spec.writable {
+    if !spec.writable && locked == Locked::No {
         mounts::make_root_read_only()?;
     }
     let workdir = spec.effective_workdir();

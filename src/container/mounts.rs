@@ -12,7 +12,7 @@ use anyhow::{bail, Context};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
 use crate::container::safepath::{Kind, RootDir};
-use crate::container::spec::{MountKind, MountSpec, Propagation, UserMount};
+use crate::container::spec::{MountKind, MountSpec, Propagation, UserIdentity, UserMount};
 
 /// Host paths every container gets, bound at the same place inside, and
 /// whether read-only. `/dev` brings `/dev/shm` and `/dev/pts` along.
@@ -212,8 +212,66 @@ fn describe(mount: &UserMount) -> String {
 /// mounts made before (so nested targets land on the outer mount, and a
 /// missing one is created there, with the caller's permissions).
 pub fn apply(root: &RootDir, mount: &UserMount) -> anyhow::Result<()> {
+    apply_with(root, mount, None)
+}
+
+/// [`apply`] for a mount of the user's, made by root before the container's
+/// user namespace exists, so that the container can neither remount nor
+/// unmount it (the kernel locks mounts that a less privileged namespace
+/// inherits: `MNT_LOCK_READONLY`, `MNT_LOCKED`). The kernel still checks
+/// the user's permissions: the source is looked up, and missing mount
+/// points are created, with `user`'s file-system identity; a tmpfs gets the
+/// user as its owner. Propagation is left for [`set_user_propagation`],
+/// after the recursive bind of the root that would drop unbindable mounts.
+pub fn apply_as_user(root: &RootDir, mount: &UserMount, user: &UserIdentity) -> anyhow::Result<()> {
+    let mut mount = mount.clone();
+    mount.flags.propagation = None;
+    if mount.kind == MountKind::Tmpfs {
+        for (key, id) in [("uid", user.uid), ("gid", user.gid)] {
+            let prefix = format!("{key}=");
+            if !mount.tmpfs_options.iter().any(|o| o.starts_with(&prefix)) {
+                mount.tmpfs_options.push(format!("{prefix}{id}"));
+            }
+        }
+    }
+    apply_with(root, &mount, Some(user))
+}
+
+/// Sets the propagation the user asked for on `mount` (already mounted by
+/// [`apply_as_user`]); nothing when none was asked.
+pub fn set_user_propagation(root: &RootDir, mount: &UserMount) -> anyhow::Result<()> {
+    let Some(propagation) = mount.flags.propagation else {
+        return Ok(());
+    };
+    let attached = root
+        .resolve(&mount.target)
+        .with_context(|| format!("mount {}: cannot find it after mounting", describe(mount)))?;
+    set_propagation(
+        attached.as_fd(),
+        propagation,
+        mount.flags.recursive_propagation,
+    )
+    .with_context(|| {
+        format!(
+            "cannot set propagation {propagation:?} on mount {}",
+            describe(mount)
+        )
+    })
+}
+
+/// [`apply`]; with `user`, paths are looked at (and mount points created)
+/// with that user's file-system identity.
+fn apply_with(
+    root: &RootDir,
+    mount: &UserMount,
+    user: Option<&UserIdentity>,
+) -> anyhow::Result<()> {
+    let as_user = |f: &mut dyn FnMut() -> anyhow::Result<OwnedFd>| match user {
+        Some(user) => crate::container::loopdev::as_reader(user, || Ok(f()))?,
+        None => f(),
+    };
     let target = match mount_point_kind(mount)? {
-        Some(kind) => ensure_mount_point(root, mount, kind)?,
+        Some(kind) => as_user(&mut || ensure_mount_point(root, mount, kind))?,
         None => root.resolve(&mount.target).with_context(|| {
             format!(
                 "mount {}: nothing to unmount, {} does not exist in the container",
@@ -223,7 +281,7 @@ pub fn apply(root: &RootDir, mount: &UserMount) -> anyhow::Result<()> {
         })?,
     };
     match mount.kind {
-        MountKind::Bind => bind_tree(&mount.source, target.as_fd(), attributes_of(mount))
+        MountKind::Bind => bind_tree(&mount.source, target.as_fd(), attributes_of(mount), user)
             .with_context(|| format!("cannot bind-mount {}", describe(mount)))?,
         MountKind::Tmpfs => mount_tmpfs_at(target.as_fd(), mount)
             .with_context(|| format!("cannot mount a tmpfs on {}", mount.target.display()))?,
@@ -317,8 +375,17 @@ fn attributes_of(mount: &UserMount) -> u64 {
 /// its attributes there (so it is never writable in the container, not even
 /// for a moment, when read-only), then attached onto the target descriptor
 /// (move_mount), with no second lookup of the target path.
-fn bind_tree(source: &Path, target: BorrowedFd<'_>, attributes: u64) -> anyhow::Result<()> {
-    let tree = clone_tree(source).with_context(|| {
+fn bind_tree(
+    source: &Path,
+    target: BorrowedFd<'_>,
+    attributes: u64,
+    user: Option<&UserIdentity>,
+) -> anyhow::Result<()> {
+    let tree = match user {
+        Some(user) => crate::container::loopdev::as_reader(user, || clone_tree(source)),
+        None => clone_tree(source),
+    }
+    .with_context(|| {
         format!(
             "check that {} exists and that you may read it",
             source.display()
@@ -398,6 +465,13 @@ fn attach_tree(tree: BorrowedFd<'_>, target: BorrowedFd<'_>) -> io::Result<()> {
 pub fn set_read_only(mount_root: BorrowedFd<'_>) -> io::Result<()> {
     const MOUNT_ATTR_RDONLY: u64 = 0x1;
     set_attributes(mount_root, MOUNT_ATTR_RDONLY, 0, true)
+}
+
+/// Makes the mount whose root `mount_root` is (only that mount, not the ones
+/// below it) read-only.
+pub fn make_mount_read_only(mount_root: BorrowedFd<'_>) -> io::Result<()> {
+    const MOUNT_ATTR_RDONLY: u64 = 0x1;
+    set_attributes(mount_root, MOUNT_ATTR_RDONLY, 0, false)
 }
 
 /// Makes the root mount of the current mount namespace (only that mount, not

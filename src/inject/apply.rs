@@ -7,16 +7,15 @@
 //! 2. Binds: every library into [`LIB_DIR`] under its soname and over the
 //!    image's copy; other files at their targets. Read-only.
 //! 3. Loader: the host's static `ldconfig -r ROOT` rebuilds the image's cache
-//!    with [`LIB_DIR`] first; it writes into the overlay's tmpfs layer only.
-//!    It runs chrooted in the container root before any host file system
-//!    (`/proc` above all) is mounted there, so image symlinks lead nowhere.
+//!    with [`LIB_DIR`] first, run as the job's user (never as root: see
+//!    [`super::ldconfig`]), before any host file system (`/proc` above all)
+//!    is mounted in the root; the cache lands in the overlay's tmpfs layer.
 //! 4. `/dev`: when devices are added or hidden, a tmpfs with binds of every
 //!    host `/dev` entry except the hidden ones, plus the added devices.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use anyhow::{bail, Context};
 
@@ -25,10 +24,8 @@ use super::ldcache::LdCache;
 use super::{HostLibrary, Injection, LIB_DIR};
 use crate::container::mounts;
 use crate::container::safepath::RootDir;
-use crate::container::spec::{MountKind, MountSpec, UserMount};
+use crate::container::spec::{MountKind, MountSpec, UserIdentity, UserMount};
 
-/// The host's `ldconfig` (static in glibc distributions).
-const LDCONFIG: &str = "/sbin/ldconfig";
 /// Largest image `ld.so.cache` we read.
 const CACHE_LIMIT: u64 = 64 << 20;
 /// The loader configuration snippet that keeps [`LIB_DIR`] registered when
@@ -37,7 +34,15 @@ const LD_CONF: &str = "/etc/ld.so.conf.d/000-berth.conf";
 
 /// Steps 1 to 3: checks ABI, binds the libraries and files, updates the
 /// image's loader cache. Nothing happens for an injection without them.
-pub fn inject_files(root: &RootDir, injection: &Injection) -> anyhow::Result<()> {
+///
+/// `runner`: who runs `ldconfig` (the job's user, see
+/// [`super::ldconfig::runner_for`]) when the caller is root; `None` when the
+/// caller is the user already.
+pub fn inject_files(
+    root: &RootDir,
+    injection: &Injection,
+    runner: Option<&UserIdentity>,
+) -> anyhow::Result<()> {
     if injection.libraries.is_empty() && injection.files.is_empty() {
         return Ok(());
     }
@@ -67,7 +72,7 @@ pub fn inject_files(root: &RootDir, injection: &Injection) -> anyhow::Result<()>
         mounts::bind_into(root, file)?;
     }
     if !injection.libraries.is_empty() {
-        register_libraries(root)?;
+        register_libraries(root, runner)?;
     }
     Ok(())
 }
@@ -146,29 +151,14 @@ fn file_name(path: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// Step 3: registers [`LIB_DIR`] with the image's loader.
-fn register_libraries(root: &RootDir) -> anyhow::Result<()> {
+/// Step 3: registers [`LIB_DIR`] with the image's loader; `ldconfig` runs
+/// as `runner` (see [`super::ldconfig`]).
+fn register_libraries(root: &RootDir, runner: Option<&UserIdentity>) -> anyhow::Result<()> {
     if root.resolve(Path::new("/etc/ld.so.conf.d")).is_ok() {
         root.write_file(Path::new(LD_CONF), format!("{LIB_DIR}\n").as_bytes(), 0o644)
             .with_context(|| format!("cannot write {LD_CONF} in the container"))?;
     }
-    let output = Command::new(LDCONFIG)
-        .arg("-X")
-        .arg("-r")
-        .arg(root.path())
-        .arg(LIB_DIR)
-        .env_clear()
-        .output()
-        .with_context(|| format!("cannot run {LDCONFIG}"))?;
-    if !output.status.success() {
-        bail!(
-            "{LDCONFIG} -r {} could not register the injected libraries in the image's loader \
-             cache: {}",
-            root.path().display(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    Ok(())
+    super::ldconfig::rebuild_cache(root, &[Path::new(LIB_DIR)], runner)
 }
 
 /// Step 4: gives the container a `/dev` of its own, from `host_dev`.

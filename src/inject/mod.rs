@@ -8,7 +8,8 @@
 //! ([`apply`]) as root before the host's `/proc`, `/sys` and `/dev` enter the
 //! root, checks MPI ABI compatibility against the image's own libraries, binds
 //! the host files and registers the libraries with the image's loader
-//! (`ldconfig -r` writes `/etc/ld.so.cache` in the container's tmpfs layer;
+//! (`ldconfig -r`, run as the job's user, builds `/etc/ld.so.cache` for the
+//! container's tmpfs layer;
 //! the image itself is never modified).
 //!
 //! Modules: [`ldcache`] (reads `ld.so.cache`), [`abi`] (MPICH ABI rules),
@@ -27,6 +28,7 @@ pub mod apply;
 pub mod cdi;
 pub mod gpu;
 pub mod ldcache;
+pub mod ldconfig;
 pub mod profile;
 
 pub use abi::AbiPolicy;
