@@ -279,11 +279,15 @@ fn start_unnamed(ctx: &StepContext) -> Result<(StepContainer, String), String> {
     }
     report_entrypoint(ctx, &container);
     report_warnings(ctx, &container);
+    // Other steps of the job may join it as `--container-name=JOB.STEP`.
+    let named = super::named_step::publish_unnamed(ctx, &container, &spec)
+        .map_err(|e| handle::log_error(&e))
+        .ok();
     let step = StepContainer {
         container,
         keep_job_env: keep_job_env(&ctx.options)?,
         image_hold,
-        named: None,
+        named,
         save,
     };
     let what = format!(
@@ -427,19 +431,14 @@ pub(super) fn report_entrypoint(ctx: &StepContext, container: &Container) {
 }
 
 /// The variables whose job value wins over the image's (and the
-/// ENTRYPOINT's): `--container-env`'s names and the job's locale
-/// ([`JOB_LOCALE_VARIABLES`]).
+/// ENTRYPOINT's): `--container-env`'s names. They are also the only job
+/// variables the ENTRYPOINT sees, and the only way the job's locale
+/// ([`JOB_LOCALE_VARIABLES`]) gets in.
 pub(super) fn keep_job_env(options: &JobOptions) -> Result<Vec<String>, String> {
-    let mut names = match &options.env {
-        Some(list) => env_names(list).map_err(|e| format!("--container-env={list}: {e}"))?,
-        None => Vec::new(),
-    };
-    for locale in JOB_LOCALE_VARIABLES {
-        if !names.iter().any(|n| n == locale) {
-            names.push(locale.to_string());
-        }
+    match &options.env {
+        Some(list) => env_names(list).map_err(|e| format!("--container-env={list}: {e}")),
+        None => Ok(Vec::new()),
     }
-    Ok(names)
 }
 
 /// Joins the calling task to the step's container and applies the image env.
@@ -491,6 +490,13 @@ pub fn task_init(spank: &Spank) -> Result<(), String> {
     }
     let keeps =
         |name: &str| step.keep_job_env.iter().any(|n| n == name) && spank.getenv(name).is_some();
+    // The job's locale stays outside unless --container-env names it (as
+    // with pyxis): the image may lack that locale.
+    for locale in JOB_LOCALE_VARIABLES {
+        if !step.keep_job_env.iter().any(|n| n == locale) && spank.getenv(locale).is_some() {
+            spank.unsetenv(locale).map_err(|e| e.to_string())?;
+        }
+    }
     for (name, value) in step.container.env(std::iter::empty()) {
         if keeps(&name) {
             continue;
@@ -514,26 +520,25 @@ fn runs_entrypoint(options: &JobOptions, config: &Config) -> bool {
     options.entrypoint.unwrap_or(config.execute_entrypoint)
 }
 
-/// The image ENTRYPOINT to run at container start, with the environment a
-/// task would get without it; `None` when the image has none.
+/// The image ENTRYPOINT to run at container start, with the image's `Env`
+/// and the job's value of the `--container-env` names (as with pyxis, the
+/// rest of the job's environment stays out); `None` when the image has none.
 fn entrypoint_run(
     image: &ImageConfig,
     job_env: &[String],
     keep_job_env: &[String],
 ) -> Option<EntrypointRun> {
     let command = image.entrypoint.clone().filter(|c| !c.is_empty())?;
-    let job: Vec<(String, String)> = job_env
+    let kept = job_env
         .iter()
         .filter_map(|entry| entry.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let mut env = task_env(job.iter().cloned(), image);
-    for (name, value) in env.iter_mut() {
-        if let Some((_, job_value)) = job
-            .iter()
-            .find(|(n, _)| n == name && keep_job_env.contains(n))
-        {
-            value.clone_from(job_value);
+        .filter(|(name, _)| keep_job_env.iter().any(|n| n == name))
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+    let mut env = task_env(std::iter::empty(), image);
+    for (name, value) in kept {
+        match env.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => slot.1 = value,
+            None => env.push((name, value)),
         }
     }
     Some(EntrypointRun { command, env })
