@@ -395,8 +395,8 @@ fn finish(
     let workdir = spec.effective_workdir();
     if !Path::new(workdir).is_dir() {
         bail!(
-            "the working directory {workdir} does not exist in the container; choose another \
-             with --container-workdir"
+            "cannot enter the working directory {workdir}: No such file or directory in the \
+             container; choose another with --container-workdir"
         );
     }
     let entrypoint = match &spec.entrypoint {

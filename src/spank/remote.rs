@@ -21,7 +21,10 @@ use crate::config::Config;
 use crate::container::entrypoint::EntrypointRun;
 use crate::container::env::JOB_LOCALE_VARIABLES;
 use crate::container::save::{check_output, SaveRequest, SAVE_ARG};
-use crate::container::spec::{parse_mounts, ContainerSpec, MountSpec, Namespace, UserIdentity};
+use crate::container::spec::{
+    parse_mounts, resolve_relative_sources, ContainerSpec, MountKind, MountSpec, Namespace,
+    UserIdentity,
+};
 use crate::container::{spawn_holder, task_env, Container, Mode};
 use crate::helper::PullSettings;
 use crate::image::ImageConfig;
@@ -342,10 +345,20 @@ fn save_target(spank: &Spank, path: &str) -> Result<PathBuf, String> {
 /// PMI folders.
 pub(super) fn build_spec(ctx: &StepContext, stored: &StoredImage) -> Result<ContainerSpec, String> {
     let options = &ctx.options;
-    let mounts = match &options.mounts {
+    let mut mounts = match &options.mounts {
         Some(text) => parse_mounts(text).map_err(|e| format!("--container-mounts: {e}"))?,
         None => Vec::new(),
     };
+    if mounts
+        .iter()
+        .any(|m| m.kind == MountKind::Bind && m.source.is_relative())
+    {
+        // slurmstepd runs user_init in the job's working directory.
+        let cwd = std::env::current_dir().map_err(|e| {
+            format!("--container-mounts: a relative source, but the job's working directory is unknown ({e}); give absolute paths")
+        })?;
+        resolve_relative_sources(&mut mounts, &cwd);
+    }
     let mut spec = ContainerSpec::new(
         stored.squashfs.clone(),
         stored.config.clone(),
