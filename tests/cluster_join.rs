@@ -26,26 +26,33 @@ fn another_step_joins_an_unnamed_container_as_job_dot_step() {
     };
     let image = cluster.image("busybox:latest");
     for who in BOTH {
-        // Step 0 runs unnamed with a tmpfs only its mount namespace has; the
-        // later steps find it by the name JOB.0 while it runs, and no more
-        // once it has ended.
+        // The first step runs unnamed with a tmpfs only its mount namespace
+        // has; the later steps find it by the name JOB.STEP while it runs,
+        // and no more once it has ended.
         let script = format!(
             r#"
 stop=/tmp/berth-unnamed-stop-$SLURM_JOB_ID
 rm -f $stop
 $S --container-image={image} --container-mounts=tmpfs:/scratch sh -c "echo unnamed-inside > /scratch/marker; while [ ! -e $stop ]; do sleep 0.1; done" &
 bg=$!
+# Its step id, once Slurm lists it (not always 0: a later srun may win the race).
+id=
+for i in $(seq 1 100); do
+    id=$(squeue -h -s -j $SLURM_JOB_ID -o %i | grep -E '^[0-9]+\.[0-9]+$' | head -1)
+    [ -n "$id" ] && break
+    sleep 0.1
+done
 out=none
 for i in $(seq 1 100); do
-    out=$($S --container-name=$SLURM_JOB_ID.0 cat /scratch/marker 2>/dev/null) && break
+    out=$($S --container-name=$id cat /scratch/marker 2>/dev/null) && break
     sleep 0.2
 done
 echo "join:$out"
-$S --container-name=$SLURM_JOB_ID.0:exec sh -c 'echo "exec:$(cat /scratch/marker)"'
+$S --container-name=$id:exec sh -c 'echo "exec:$(cat /scratch/marker)"'
 $S touch $stop
 wait $bg && echo step0-done
 rm -f $stop
-$S --container-name=$SLURM_JOB_ID.0:exec true 2>&1 | sed 's/^/after:/'
+$S --container-name=$id:exec true 2>&1 | sed 's/^/after:/'
 "#
         );
         let run = in_allocation(&cluster, who, &script);
