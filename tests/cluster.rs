@@ -976,8 +976,8 @@ fn pyxis_parity_of_flags_env_and_mounts() {
         );
     }
 
-    // The job's LANG, LANGUAGE and LC_ALL win over the image's Env; a
-    // locale variable the job lacks keeps the image's value.
+    // The job's LANG, LANGUAGE and LC_ALL stay out unless --container-env
+    // names them (as with pyxis): the image's values apply.
     let source = cluster.image("busybox:latest");
     let target = cluster.image(&format!("berth-locale-{}:latest", std::process::id()));
     common::push_with_env(&source, "LANG=C.image", &target, None);
@@ -995,9 +995,28 @@ fn pyxis_parity_of_flags_env_and_mounts() {
             ],
         )
         .ok();
+    assert_eq!(run.stdout.trim(), "LANG=C.image LANGUAGE= LC_ALL=");
+    let run = cluster
+        .slurm_env(
+            Submitter::User,
+            "srun",
+            &[
+                &locale_image,
+                "--container-env=LANG,LC_ALL",
+                "sh",
+                "-c",
+                show,
+            ],
+            &[
+                ("LANG", "de_DE.UTF-8"),
+                ("LANGUAGE", "de:en"),
+                ("LC_ALL", "C.UTF-8"),
+            ],
+        )
+        .ok();
     assert_eq!(
         run.stdout.trim(),
-        "LANG=de_DE.UTF-8 LANGUAGE=de:en LC_ALL=C.UTF-8"
+        "LANG=de_DE.UTF-8 LANGUAGE= LC_ALL=C.UTF-8"
     );
     let run = cluster
         .command_as(

@@ -52,8 +52,11 @@ fn assert_ran(run: &Run, ran: bool, context: &str) {
         "{context}: the command's exit code must come through\n--- stdout\n{}\n--- stderr\n{}",
         run.stdout, run.stderr
     );
+    // The entrypoint sees none of the job's variables but those named in
+    // --container-env (as with pyxis): its `unset BERTH_REMOVE_ME` leaves
+    // the job's value alone.
     let expected = if ran {
-        "ran=yes env=changed-by-entrypoint removed=unset"
+        "ran=yes env=changed-by-entrypoint removed=1"
     } else {
         "ran= env=from-image removed=1"
     };
@@ -169,6 +172,51 @@ fn entrypoint_log_is_shown_when_asked() {
             1,
             "{}",
             run.stderr
+        );
+    }
+}
+
+/// The ENTRYPOINT sees a job variable only when `--container-env` names it
+/// (pyxis's `entrypoint.bats` checks the same with docker:dind's DOCKER_HOST).
+#[test]
+fn entrypoint_sees_only_the_job_variables_container_env_names() {
+    let cluster = cluster_or_skip!();
+    let image = format!(
+        "--container-image={}",
+        cluster.image("busybox:entrypoint-env")
+    );
+    for who in BOTH {
+        let run = |extra: &[&str]| {
+            let mut args = vec![
+                "-N1",
+                image.as_str(),
+                "--container-entrypoint",
+                "--container-entrypoint-log",
+            ];
+            args.extend_from_slice(extra);
+            args.extend_from_slice(&["sh", "-c", "echo task sees BERTH_JOB_VAR=$BERTH_JOB_VAR"]);
+            cluster
+                .slurm_env(who, "srun", &args, &[("BERTH_JOB_VAR", "from-job")])
+                .ok()
+        };
+        let plain = run(&[]);
+        assert!(
+            plain.stderr.contains("entrypoint sees BERTH_JOB_VAR=unset"),
+            "{who:?}: {}",
+            plain.stderr
+        );
+        assert!(
+            plain.stdout.contains("task sees BERTH_JOB_VAR=from-job"),
+            "{who:?}: {}",
+            plain.stdout
+        );
+        let named = run(&["--container-env=BERTH_JOB_VAR"]);
+        assert!(
+            named
+                .stderr
+                .contains("entrypoint sees BERTH_JOB_VAR=from-job"),
+            "{who:?}: {}",
+            named.stderr
         );
     }
 }

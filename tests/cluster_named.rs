@@ -165,7 +165,7 @@ $S --container-name=fresh:create --container-image=$img $M sh -c 'test -e /tmp/k
 }
 
 #[test]
-fn exec_joins_the_running_step_and_no_exec_does_not() {
+fn exec_joins_the_running_step_and_no_exec_waits_for_it() {
     let cluster = cluster_or_skip!();
     let _scope = scope_lock();
     let image = cluster.image("busybox:latest");
@@ -185,9 +185,12 @@ done
 echo "exec:$out"
 $S --container-name=live cat /scratch/marker | sed 's/^/auto:/'
 $S --container-name=live --container-mounts=/etc:/joined-etc sh -c 'test -e /joined-etc && echo MOUNTED; true' 2>&1 | sed 's/^/mounts:/'
-$S --container-name=live:no_exec true 2>&1 | sed 's/^/no_exec-running:/'
+$S --container-name=live:no_exec sh -c 'test -e /scratch/marker && echo LEAK || echo waited-own-namespaces' 2>&1 &
+waiting=$!
+sleep 1
 $S touch $stop
 wait $bg && echo step1-done
+wait $waiting
 rm -f $stop
 $S --container-name=live:no_exec sh -c 'test -e /scratch/marker && echo LEAK || echo own-namespaces'
 $S --container-name=live:exec true 2>&1 | sed 's/^/exec-after:/'
@@ -206,8 +209,10 @@ $S --container-name=live:exec true 2>&1 | sed 's/^/exec-after:/'
             &ctx,
         );
         assert!(!out.contains("MOUNTED"), "{ctx}: {out}");
-        assert_has(&out, "no_exec-running:", &ctx);
-        assert_has(&out, "is running in another step", &ctx);
+        // no_exec while the container runs waits for that step to end, then
+        // starts on the kept root in namespaces of its own.
+        assert_has(&out, "no_exec: waiting (up to 60 s) for step", &ctx);
+        assert_has(&out, "waited-own-namespaces", &ctx);
         assert_has(&out, "step1-done", &ctx);
         assert_has(&out, "own-namespaces", &ctx);
         assert_has(&out, "no step on this node runs container 'live'", &ctx);

@@ -439,6 +439,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             for text in &mounts {
                 mount_specs.extend(parse_mounts(text).with_context(|| format!("--mount {text}"))?);
             }
+            let cwd = std::env::current_dir().context("cannot read the working directory")?;
+            berth::container::spec::resolve_relative_sources(&mut mount_specs, &cwd);
             if let Some(dir) = &workdir {
                 if !dir.starts_with('/') {
                     bail!("--workdir {dir}: must be an absolute path inside the container");

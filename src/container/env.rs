@@ -2,9 +2,9 @@
 
 use crate::image::ImageConfig;
 
-/// The job's locale variables: passed into the container even when the image
-/// sets them and `--container-env` does not name them (as pyxis and enroot
-/// do), so programs speak the user's language.
+/// The job's locale variables: kept out of the container unless
+/// `--container-env` names them (as with pyxis), since the image may lack
+/// the job's locale; the image's own values apply.
 pub const JOB_LOCALE_VARIABLES: [&str; 3] = ["LANG", "LANGUAGE", "LC_ALL"];
 
 /// Builds a task's environment: every variable of the job passes through, and

@@ -356,6 +356,9 @@ fn prepare_root(
     let user = spec.user_inside();
     write_etc_file(&root, "/etc/passwd", &user, passwd_content)?;
     write_etc_file(&root, "/etc/group", &user, group_content)?;
+    if spec.remap_root {
+        apt_stays_root(&root)?;
+    }
     for bind in &plan.system {
         mounts::create_mount_point(&root, &UserMount::from(bind.clone()))?;
     }
@@ -450,8 +453,8 @@ fn finish(
     let workdir = spec.effective_workdir();
     if !Path::new(workdir).is_dir() {
         bail!(
-            "the working directory {workdir} does not exist in the container; choose another \
-             with --container-workdir"
+            "cannot enter the working directory {workdir}: No such file or directory in the \
+             container; choose another with --container-workdir"
         );
     }
     let entrypoint = match &spec.entrypoint {
@@ -513,6 +516,28 @@ fn copy_root_attributes(lower: &Path, upper: &Path) -> anyhow::Result<()> {
 fn open_root(path: &Path) -> anyhow::Result<RootDir> {
     RootDir::open(path)
         .with_context(|| format!("cannot open the container root {}", path.display()))
+}
+
+/// Where [`apt_stays_root`] writes its setting.
+const APT_SANDBOX_FILE: &str = "/etc/apt/apt.conf.d/99berth-remap-root";
+
+/// With `--container-remap-root`, apt cannot switch to its `_apt` user (the
+/// namespace maps only the user, as root): in an image with apt, tell it to
+/// stay root, as enroot's standard `10-aptfix` hook does for pyxis.
+fn apt_stays_root(root: &RootDir) -> anyhow::Result<()> {
+    let debian = root
+        .read_file(Path::new("/etc/debian_version"), 4096)
+        .context("cannot read /etc/debian_version of the image")?
+        .is_some();
+    if debian && root.resolve(Path::new("/etc/apt")).is_ok() {
+        root.write_file(
+            Path::new(APT_SANDBOX_FILE),
+            b"APT::Sandbox::User \"root\";\n",
+            0o644,
+        )
+        .with_context(|| format!("cannot write {APT_SANDBOX_FILE} in the container"))?;
+    }
+    Ok(())
 }
 
 fn write_etc_file(

@@ -175,11 +175,20 @@ fn mount_point_kind(mount: &UserMount) -> anyhow::Result<Option<Kind>> {
         MountKind::Umount => return Ok(None),
         MountKind::Tmpfs => Kind::Dir,
         MountKind::Bind => {
-            let meta = std::fs::metadata(&mount.source).with_context(|| {
-                format!(
-                    "mount source {} does not exist or cannot be read (mount {})",
+            // Relative sources are resolved before the holder starts; one
+            // left here would be taken from the holder's own directory.
+            if mount.source.is_relative() {
+                anyhow::bail!(
+                    "mount source {} is relative (mount {}); give an absolute path",
                     mount.source.display(),
                     describe(mount)
+                );
+            }
+            let meta = std::fs::metadata(&mount.source).with_context(|| {
+                format!(
+                    "mount {}: source path does not exist or cannot be read: {}",
+                    describe(mount),
+                    mount.source.display()
                 )
             })?;
             if meta.is_dir() {

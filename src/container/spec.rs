@@ -15,7 +15,8 @@ use crate::container::entrypoint::EntrypointRun;
 use crate::image::ImageConfig;
 
 pub use crate::container::usermount::{
-    parse_mounts, MountFlags, MountKind, MountSpecError, MountSpecProblem, Propagation, UserMount,
+    parse_mounts, resolve_relative_sources, MountFlags, MountKind, MountSpecError,
+    MountSpecProblem, Propagation, UserMount,
 };
 
 /// Everything the holder needs to build one container's namespaces.

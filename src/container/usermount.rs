@@ -140,9 +140,10 @@ impl fmt::Display for MountSpecError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let why = match &self.problem {
             MountSpecProblem::TooManyFields => "too many ':' fields".to_string(),
-            MountSpecProblem::SourceNotAbsolute => {
-                "the source must be an absolute path, 'tmpfs' or 'umount'".to_string()
-            }
+            MountSpecProblem::SourceNotAbsolute => "the source must be an absolute path, a \
+                 path relative to the working directory starting with '.' (./data), 'tmpfs' or \
+                 'umount'"
+                .to_string(),
             MountSpecProblem::TargetNotAbsolute => {
                 "the destination must be an absolute path".to_string()
             }
@@ -170,6 +171,18 @@ impl fmt::Display for MountSpecError {
 
 impl std::error::Error for MountSpecError {}
 
+/// Makes the bind sources written relative (`./data`, `..`) absolute by
+/// joining them to `cwd`, the job's (or the CLI's) working directory. Call it
+/// on every [`parse_mounts`] result before the mounts are made.
+pub fn resolve_relative_sources(mounts: &mut [UserMount], cwd: &Path) {
+    for mount in mounts
+        .iter_mut()
+        .filter(|m| m.kind == MountKind::Bind && !m.source.is_absolute())
+    {
+        mount.source = cwd.join(&mount.source);
+    }
+}
+
 /// Parses pyxis's `--container-mounts` value: `SRC[:DST[:FLAGS]][,...]`.
 ///
 /// `DST` defaults to `SRC`. `FLAGS` are joined with `+`; of `ro` and `rw` the
@@ -196,7 +209,9 @@ fn parse_mount_entry(entry: &str) -> Result<UserMount, MountSpecError> {
     let kind = match fields[0] {
         "tmpfs" => MountKind::Tmpfs,
         "umount" => MountKind::Umount,
-        _ if source.is_absolute() => MountKind::Bind,
+        // `./data`, `../data`, `.`: relative to the job's working directory
+        // (as with pyxis), made absolute by [`resolve_relative_sources`].
+        _ if source.is_absolute() || fields[0].starts_with('.') => MountKind::Bind,
         _ => return Err(error(MountSpecProblem::SourceNotAbsolute)),
     };
     let target = match (fields.get(1), kind) {
@@ -379,6 +394,22 @@ mod tests {
     fn empty_value_is_no_mounts() {
         assert_eq!(parse_mounts("").unwrap(), vec![]);
         assert_eq!(parse_mounts(" , ").unwrap(), vec![]);
+    }
+
+    #[test]
+    fn dot_sources_are_taken_from_the_working_directory() {
+        let mut mounts = parse_mounts("./data:/data,.:/here,../up:/up:ro,/abs:/abs").unwrap();
+        resolve_relative_sources(&mut mounts, Path::new("/job/dir"));
+        let sources: Vec<_> = mounts.iter().map(|m| m.source.clone()).collect();
+        assert_eq!(
+            sources,
+            ["/job/dir/./data", "/job/dir/.", "/job/dir/../up", "/abs"]
+                .map(PathBuf::from)
+                .to_vec()
+        );
+        // Short form: the destination would be relative too.
+        let err = parse_mounts("./data").unwrap_err();
+        assert_eq!(err.problem, MountSpecProblem::TargetNotAbsolute);
     }
 
     #[test]

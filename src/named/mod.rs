@@ -53,9 +53,10 @@ pub fn decide(
             if exists { "" } else { " (it does not exist)" }
         )),
         NameFlag::NoExec if running => Err(format!(
-            "--container-name={label}:no_exec: container '{label}' is running in another step, \
-             and berth never mounts a root file system twice (its changes live in one overlay); \
-             join it with --container-name={label}:exec, or wait for that step to end"
+            "--container-name={label}:no_exec: container '{label}' is still running in another \
+             step after a minute's wait, and berth never mounts a root file system twice (its \
+             changes live in one overlay); join it with --container-name={label}:exec, or start \
+             this step when that one has ended"
         )),
         NameFlag::Auto | NameFlag::Exec if running => Ok(Action::Join),
         _ if exists => Ok(Action::Reuse),

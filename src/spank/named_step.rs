@@ -7,7 +7,7 @@
 //! record so later steps can join it too.
 
 use std::fs::File;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::handle;
 use super::remote::{
@@ -17,10 +17,11 @@ use crate::config::Config;
 use crate::container::{spawn_holder, Container, ContainerSpec, Mode, Namespace};
 use crate::named::running::Publication;
 use crate::named::{
-    decide, Action, ContainerName, NamedKey, NamedMeta, NamedRoot, NamedRoots, Registry,
+    decide, Action, ContainerName, NameFlag, NamedKey, NamedMeta, NamedRoot, NamedRoots, Registry,
     RunningStep, Scope,
 };
 use crate::privilege::with_root;
+use crate::store::fsutil::FileLock;
 use crate::store::{ImageHold, StoredImage};
 
 /// What a step using a named container holds until it lets go.
@@ -31,15 +32,26 @@ pub(super) struct NamedUse {
     _hold: Option<File>,
 }
 
+/// How long a `NAME:no_exec` step waits at most for the step that runs the
+/// container to end (berth mounts a kept root once at a time).
+const NO_EXEC_WAIT: Duration = Duration::from_secs(60);
+
+/// How often that wait looks again.
+const NO_EXEC_POLL: Duration = Duration::from_millis(100);
+
 /// Starts this step in the named container `name`; returns the container
 /// and what was done (joined, reused, created), for the log.
 pub(super) fn start(
     ctx: &StepContext,
     name: &ContainerName,
 ) -> Result<(StepContainer, String), String> {
-    let scope = match ctx.config.container_scope.as_str() {
-        "global" => Scope::Global,
-        _ => Scope::Job(ctx.job),
+    let scope = if is_unnamed_step_name(&name.name, ctx.job) {
+        Scope::Job(ctx.job)
+    } else {
+        match ctx.config.container_scope.as_str() {
+            "global" => Scope::Global,
+            _ => Scope::Job(ctx.job),
+        }
     };
     let key = NamedKey {
         uid: ctx.user.uid,
@@ -47,6 +59,90 @@ pub(super) fn start(
         name: name.name.clone(),
     };
     with_root(|| start_as_root(ctx, name, &key))
+}
+
+/// Whether `name` is `JOB.STEP` of this job: the name pyxis gives the
+/// container of an unnamed step, which other steps of the job may join.
+fn is_unnamed_step_name(name: &str, job: u32) -> bool {
+    name.split_once('.').is_some_and(|(j, step)| {
+        j == job.to_string() && !step.is_empty() && step.bytes().all(|b| b.is_ascii_digit())
+    })
+}
+
+/// The key under which an unnamed step's container is published: its
+/// user's, in its job, named `JOB.STEP`.
+fn unnamed_key(uid: u32, job: u32, step: u32) -> NamedKey {
+    NamedKey {
+        uid,
+        scope: Scope::Job(job),
+        name: format!("{job}.{step}"),
+    }
+}
+
+/// Publishes the container of an unnamed step, so that another step of the
+/// same user and job joins it with `--container-name=JOB.STEP` (as with
+/// pyxis). Nothing is kept on disk: the record goes with the step.
+pub(super) fn publish_unnamed(
+    ctx: &StepContext,
+    container: &Container,
+    spec: &ContainerSpec,
+) -> Result<NamedUse, String> {
+    let key = unnamed_key(ctx.user.uid, ctx.job, ctx.step);
+    let describe = |e: anyhow::Error| {
+        format!(
+            "cannot publish the container of step {}.{} for other steps to join: {e:#}",
+            ctx.job, ctx.step
+        )
+    };
+    with_root(|| {
+        let registry = Registry::new(&ctx.config.runtime_dir, &ctx.node);
+        let record =
+            RunningStep::of_container(container, spec, ctx.job, ctx.step).map_err(describe)?;
+        let publication = registry.publish(&key, &record).map_err(describe)?;
+        Ok(NamedUse {
+            _publication: publication,
+            _hold: None,
+        })
+    })
+}
+
+/// Takes the decision lock of `key` and returns it with the steps that run
+/// the container. For `no_exec`, first waits (up to [`NO_EXEC_WAIT`]) until
+/// no step runs it: a second container on the kept root must wait for the
+/// first one's overlay to go.
+fn lock_and_look(
+    registry: &Registry,
+    key: &NamedKey,
+    name: &ContainerName,
+    ctx: &StepContext,
+) -> anyhow::Result<(FileLock, Vec<RunningStep>)> {
+    let started = Instant::now();
+    let mut told = false;
+    loop {
+        let decision = registry.lock(key)?;
+        let running = registry.running(key)?;
+        if name.flag != NameFlag::NoExec
+            || running.is_empty()
+            || started.elapsed() >= NO_EXEC_WAIT
+            || crate::interrupt::requested().is_some()
+        {
+            return Ok((decision, running));
+        }
+        drop(decision);
+        if !told {
+            handle::log_user(&format!(
+                "{}: --container-name={}:no_exec: waiting (up to {} s) for step {}.{} to let go \
+                 of the container",
+                ctx.node,
+                key.name,
+                NO_EXEC_WAIT.as_secs(),
+                running[0].job,
+                running[0].step
+            ));
+            told = true;
+        }
+        std::thread::sleep(NO_EXEC_POLL);
+    }
 }
 
 fn start_as_root(
@@ -57,8 +153,7 @@ fn start_as_root(
     let describe = |e: anyhow::Error| format!("named container {}: {e:#}", key.describe());
     let registry = Registry::new(&ctx.config.runtime_dir, &ctx.node);
     let roots = NamedRoots::new(&ctx.node_state);
-    let _decision = registry.lock(key).map_err(describe)?;
-    let running = registry.running(key).map_err(describe)?;
+    let (_decision, running) = lock_and_look(&registry, key, name, ctx).map_err(describe)?;
     let existing = roots.load(key).map_err(describe)?;
     let action = decide(
         name,

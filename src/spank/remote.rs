@@ -21,7 +21,10 @@ use crate::config::Config;
 use crate::container::entrypoint::EntrypointRun;
 use crate::container::env::JOB_LOCALE_VARIABLES;
 use crate::container::save::{check_output, SaveRequest, SAVE_ARG};
-use crate::container::spec::{parse_mounts, ContainerSpec, MountSpec, Namespace, UserIdentity};
+use crate::container::spec::{
+    parse_mounts, resolve_relative_sources, ContainerSpec, MountKind, MountSpec, Namespace,
+    UserIdentity,
+};
 use crate::container::{spawn_holder, task_env, Container, Mode};
 use crate::helper::PullSettings;
 use crate::image::ImageConfig;
@@ -271,11 +274,15 @@ fn start_unnamed(ctx: &StepContext) -> Result<(StepContainer, String), String> {
     }
     report_entrypoint(ctx, &container);
     report_warnings(ctx, &container);
+    // Other steps of the job may join it as `--container-name=JOB.STEP`.
+    let named = super::named_step::publish_unnamed(ctx, &container, &spec)
+        .map_err(|e| handle::log_error(&e))
+        .ok();
     let step = StepContainer {
         container,
         keep_job_env: keep_job_env(&ctx.options)?,
         image_hold,
-        named: None,
+        named,
         save,
     };
     let what = format!(
@@ -330,10 +337,20 @@ fn save_target(spank: &Spank, path: &str) -> Result<PathBuf, String> {
 /// PMI folders.
 pub(super) fn build_spec(ctx: &StepContext, stored: &StoredImage) -> Result<ContainerSpec, String> {
     let options = &ctx.options;
-    let mounts = match &options.mounts {
+    let mut mounts = match &options.mounts {
         Some(text) => parse_mounts(text).map_err(|e| format!("--container-mounts: {e}"))?,
         None => Vec::new(),
     };
+    if mounts
+        .iter()
+        .any(|m| m.kind == MountKind::Bind && m.source.is_relative())
+    {
+        // slurmstepd runs user_init in the job's working directory.
+        let cwd = std::env::current_dir().map_err(|e| {
+            format!("--container-mounts: a relative source, but the job's working directory is unknown ({e}); give absolute paths")
+        })?;
+        resolve_relative_sources(&mut mounts, &cwd);
+    }
     let mut spec = ContainerSpec::new(
         stored.squashfs.clone(),
         stored.config.clone(),
@@ -427,19 +444,14 @@ pub(super) fn report_entrypoint(ctx: &StepContext, container: &Container) {
 }
 
 /// The variables whose job value wins over the image's (and the
-/// ENTRYPOINT's): `--container-env`'s names and the job's locale
-/// ([`JOB_LOCALE_VARIABLES`]).
+/// ENTRYPOINT's): `--container-env`'s names. They are also the only job
+/// variables the ENTRYPOINT sees, and the only way the job's locale
+/// ([`JOB_LOCALE_VARIABLES`]) gets in.
 pub(super) fn keep_job_env(options: &JobOptions) -> Result<Vec<String>, String> {
-    let mut names = match &options.env {
-        Some(list) => env_names(list).map_err(|e| format!("--container-env={list}: {e}"))?,
-        None => Vec::new(),
-    };
-    for locale in JOB_LOCALE_VARIABLES {
-        if !names.iter().any(|n| n == locale) {
-            names.push(locale.to_string());
-        }
+    match &options.env {
+        Some(list) => env_names(list).map_err(|e| format!("--container-env={list}: {e}")),
+        None => Ok(Vec::new()),
     }
-    Ok(names)
 }
 
 /// Joins the calling task to the step's container and applies the image env.
@@ -491,6 +503,13 @@ pub fn task_init(spank: &Spank) -> Result<(), String> {
     }
     let keeps =
         |name: &str| step.keep_job_env.iter().any(|n| n == name) && spank.getenv(name).is_some();
+    // The job's locale stays outside unless --container-env names it (as
+    // with pyxis): the image may lack that locale.
+    for locale in JOB_LOCALE_VARIABLES {
+        if !step.keep_job_env.iter().any(|n| n == locale) && spank.getenv(locale).is_some() {
+            spank.unsetenv(locale).map_err(|e| e.to_string())?;
+        }
+    }
     for (name, value) in step.container.env(std::iter::empty()) {
         if keeps(&name) {
             continue;
@@ -523,26 +542,25 @@ fn runs_entrypoint(options: &JobOptions, config: &Config) -> bool {
     options.entrypoint.unwrap_or(config.execute_entrypoint)
 }
 
-/// The image ENTRYPOINT to run at container start, with the environment a
-/// task would get without it; `None` when the image has none.
+/// The image ENTRYPOINT to run at container start, with the image's `Env`
+/// and the job's value of the `--container-env` names (as with pyxis, the
+/// rest of the job's environment stays out); `None` when the image has none.
 fn entrypoint_run(
     image: &ImageConfig,
     job_env: &[String],
     keep_job_env: &[String],
 ) -> Option<EntrypointRun> {
     let command = image.entrypoint.clone().filter(|c| !c.is_empty())?;
-    let job: Vec<(String, String)> = job_env
+    let kept = job_env
         .iter()
         .filter_map(|entry| entry.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let mut env = task_env(job.iter().cloned(), image);
-    for (name, value) in env.iter_mut() {
-        if let Some((_, job_value)) = job
-            .iter()
-            .find(|(n, _)| n == name && keep_job_env.contains(n))
-        {
-            value.clone_from(job_value);
+        .filter(|(name, _)| keep_job_env.iter().any(|n| n == name))
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+    let mut env = task_env(std::iter::empty(), image);
+    for (name, value) in kept {
+        match env.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => slot.1 = value,
+            None => env.push((name, value)),
         }
     }
     Some(EntrypointRun { command, env })

@@ -9,6 +9,8 @@
 #                             BERTH_REMOVE_ME, then runs its arguments
 #                             (exec "$@")
 #   busybox:entrypoint-fails  ENTRYPOINT prints an error and exits 3
+#   busybox:entrypoint-env    ENTRYPOINT prints the BERTH_JOB_VAR it sees,
+#                             then runs its arguments
 #   busybox:entrypoint-daemon ENTRYPOINT prints its NoNewPrivs line, leaves
 #                             a background job (sleep 4711) and a daemon
 #                             (setsid sleep 4712, double fork) running,
@@ -65,5 +67,7 @@ push_config_variant() {
 # shellcheck disable=SC2016  # $@ and $(id -u) are for the image's shell
 push_variant entrypoint '["/bin/sh", "-c", "echo \"entrypoint says hello as uid $(id -u)\"; echo entrypoint writes to stderr >&2; export BERTH_ENTRYPOINT_RAN=yes BERTH_TEST_ENV=changed-by-entrypoint; unset BERTH_REMOVE_ME; exec \"$@\"", "berth-entrypoint"]'
 push_variant entrypoint-fails '["/bin/sh", "-c", "echo entrypoint failing on purpose >&2; exit 3", "berth-entrypoint"]'
+# shellcheck disable=SC2016
+push_variant entrypoint-env '["/bin/sh", "-c", "echo \"entrypoint sees BERTH_JOB_VAR=${BERTH_JOB_VAR-unset}\"; exec \"$@\"", "berth-entrypoint"]'
 push_variant entrypoint-daemon '["/bin/sh", "-c", "grep NoNewPrivs /proc/self/status; sleep 4711 & (setsid sleep 4712 </dev/null >/dev/null 2>&1 &); exec \"$@\"", "berth-entrypoint"]'
 push_config_variant pytorch 'Env + PYTORCH_VERSION=2.3.0' '.config.Env = ((.config.Env // []) + ["PYTORCH_VERSION=2.3.0"])'
