@@ -82,10 +82,10 @@ fn a_job_array_runs_every_task_in_one_image() {
     );
 }
 
-/// `#SBATCH hetjob`: each component's step runs in its own image. (One
-/// `srun A : B` cannot: Slurm gives a SPANK plugin one set of options per
-/// srun, so the last component's `--container-*` options apply to all;
-/// docs/USAGE.md says so.)
+/// `#SBATCH hetjob`: each component's step runs in its own image. One
+/// `srun A : B` line with different images is refused (Slurm gives a SPANK
+/// plugin one set of options per srun, so the last component's options
+/// would silently apply to all).
 #[test]
 fn heterogeneous_components_run_each_in_their_image() {
     let Some(cluster) = Cluster::get() else {
@@ -94,6 +94,19 @@ fn heterogeneous_components_run_each_in_their_image() {
     let busybox = format!("--container-image={}", cluster.image("busybox:latest"));
     let debian = format!("--container-image={}", cluster.image("debian:bookworm"));
     let debian_version = "12";
+    // One srun line with two images: refused before anything is allocated,
+    // with the way that works.
+    for who in BOTH {
+        let run = cluster
+            .srun(who, &["-N1", &busybox, "true", ":", "-N1", &debian, "true"])
+            .failed();
+        assert!(
+            run.stderr.contains("heterogeneous job") && run.stderr.contains("--het-group"),
+            "{who:?}: {}",
+            run.stderr
+        );
+        assert!(!run.stderr.contains("allocated"), "{who:?}: {}", run.stderr);
+    }
     let out = work_file(&cluster, "hetjob");
     let script = work_file(&cluster, "hetjob.sh");
     std::fs::write(

@@ -19,6 +19,7 @@ mod cancel_watch;
 mod fanout;
 pub mod ffi;
 pub mod handle;
+pub mod hetjob;
 pub mod local;
 mod named_step;
 pub mod options;

@@ -114,6 +114,7 @@ pub extern "C" fn slurm_spank_init_post_opt(
         match handle::context() {
             Context::Allocator if !config().sbatch_support => Ok(()),
             Context::Local | Context::Allocator => {
+                super::hetjob::check_own_command_line()?;
                 options::settle_writable_flags(|name| std::env::var(name).ok(), true)?;
                 options::apply_env_defaults(|name| std::env::var(name).ok())?;
                 let options = options::current();
