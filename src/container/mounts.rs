@@ -307,25 +307,9 @@ fn apply_with(
             )
         }
     }
-    if let Some(propagation) = mount.flags.propagation {
-        // The descriptor taken before names the mount point under the new
-        // mount: resolve again to reach the new mount's root.
-        let attached = root
-            .resolve(&mount.target)
-            .with_context(|| format!("mount {}: cannot find it after mounting", describe(mount)))?;
-        set_propagation(
-            attached.as_fd(),
-            propagation,
-            mount.flags.recursive_propagation,
-        )
-        .with_context(|| {
-            format!(
-                "cannot set propagation {propagation:?} on mount {}",
-                describe(mount)
-            )
-        })?;
-    }
-    Ok(())
+    // The descriptor taken before names the mount point under the new
+    // mount: set_user_propagation resolves again to reach the new mount.
+    set_user_propagation(root, mount)
 }
 
 /// The `/proc/self/fd/N` path of a descriptor, which the mount calls follow
