@@ -126,13 +126,13 @@ fn node_count(cluster: &Cluster) -> usize {
         .unwrap_or_else(|_| cluster.var("BERTH_TEST_NODE_NAMES").split(',').count())
 }
 
-/// Runs the image on every node at once as the ordinary user; each prints
-/// the image's Debian version. Returns srun's stderr.
-fn run_on_all_nodes(cluster: &Cluster, image: &str) -> String {
+/// Runs the image on every node at once as `who`; each prints the image's
+/// Debian version. Returns srun's stderr.
+fn run_on_all_nodes(cluster: &Cluster, who: Submitter, image: &str) -> String {
     let n = node_count(cluster).to_string();
     let run = cluster
         .srun(
-            Submitter::User,
+            who,
             &[
                 "-N",
                 &n,
@@ -181,34 +181,53 @@ fn assert_clean(store: &Path) {
     assert!(entries(&store.join("retired")).is_empty());
 }
 
-#[test]
-fn every_blob_is_fetched_once_for_all_nodes() {
-    let Some(cluster) = Cluster::get() else {
-        return;
-    };
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let config = SharedStoreConfig::switch(&cluster, "once");
-    let (repository, image) = new_image(&cluster, "once");
-    let stderr = run_on_all_nodes(&cluster, &image);
+/// One job of `who` on every node pulls a new image into the shared store
+/// once (each blob fetched once), a second job downloads nothing; returns
+/// the image's folder.
+fn pulls_once_then_reuses(
+    cluster: &Cluster,
+    who: Submitter,
+    config: &SharedStoreConfig,
+    label: &str,
+) -> PathBuf {
+    let (repository, image) = new_image(cluster, label);
+    let stderr = run_on_all_nodes(cluster, who, &image);
     assert_eq!(
         pulls(&stderr),
         1,
-        "one node pulls, the others wait:\n{stderr}"
+        "{who:?}: one node pulls, the others wait:\n{stderr}"
     );
-    let gets = blob_gets(&cluster, &repository);
+    let gets = blob_gets(cluster, &repository);
     assert!(gets.len() >= 2, "config and layers fetched: {gets:?}");
     assert!(
         gets.values().all(|n| *n == 1),
-        "each blob once for {} nodes: {gets:?}",
-        node_count(&cluster)
+        "{who:?}: each blob once for {} nodes: {gets:?}",
+        node_count(cluster)
     );
     let dir = only_image(&config.store);
     assert!(dir.join("image.sqfs").is_file());
     assert!(config.store.join("shared-store").is_file());
     assert_clean(&config.store);
     // A second job downloads nothing.
-    run_on_all_nodes(&cluster, &image);
-    assert_eq!(blob_gets(&cluster, &repository), gets);
+    run_on_all_nodes(cluster, who, &image);
+    assert_eq!(blob_gets(cluster, &repository), gets, "{who:?}");
+    dir
+}
+
+#[test]
+fn every_blob_is_fetched_once_for_all_nodes() {
+    let Some(cluster) = Cluster::get() else {
+        return;
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    // Root's jobs and the user's reach the shared store the same way (the
+    // pull user writes it); each submitter on a store of its own.
+    {
+        let config = SharedStoreConfig::switch(&cluster, "once-root");
+        pulls_once_then_reuses(&cluster, Submitter::Root, &config, "once-root");
+    }
+    let config = SharedStoreConfig::switch(&cluster, "once");
+    let dir = pulls_once_then_reuses(&cluster, Submitter::User, &config, "once");
     // gc of a shared store needs an age, and keeps what was just used.
     let gc = Command::new(env!("CARGO_BIN_EXE_berth"))
         .args(["gc", "--store"])
@@ -394,7 +413,7 @@ fn a_killed_puller_is_taken_over() {
     signal(&puller, nix::sys::signal::Signal::SIGKILL);
     let _ = puller.wait();
     let started = Instant::now();
-    let stderr = run_on_all_nodes(&cluster, &image);
+    let stderr = run_on_all_nodes(&cluster, Submitter::User, &image);
     assert!(
         started.elapsed() >= Duration::from_secs(LEASE_TIMEOUT),
         "the nodes waited for the dead puller's lease to go stale"
@@ -422,7 +441,7 @@ fn a_stopped_puller_is_taken_over_and_resumes_harmlessly() {
     let mut puller = start_puller(&cluster, &config.store, &image, &proxy);
     wait_until_holding(&config.store, &proxy, &mut puller);
     signal(&puller, nix::sys::signal::Signal::SIGSTOP);
-    let stderr = run_on_all_nodes(&cluster, &image);
+    let stderr = run_on_all_nodes(&cluster, Submitter::User, &image);
     assert!(stderr.contains("took over the pull of"), "{stderr}");
     assert_eq!(pulls(&stderr), 1, "{stderr}");
     let dir = only_image(&config.store);
@@ -451,5 +470,5 @@ fn a_stopped_puller_is_taken_over_and_resumes_harmlessly() {
         String::from_utf8_lossy(&out.stdout)
     );
     assert_clean(&config.store);
-    run_on_all_nodes(&cluster, &image);
+    run_on_all_nodes(&cluster, Submitter::User, &image);
 }

@@ -279,42 +279,56 @@ fn hostile_image_gives_no_privilege_in_srun() {
     std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o777)).unwrap();
     let mounts = format!("--container-mounts={}:/ro:ro", ro.display());
     let image_option = format!("--container-image={image}");
-    let out = cluster
-        .srun(
-            Submitter::User,
-            &["-N1", &image_option, &mounts, "sh", "-c", PROBES],
-        )
-        .ok();
-    let stdout = &out.stdout;
-    assert!(stdout.contains("done"), "{stdout}\n{}", out.stderr);
-    let uid = user_uid().to_string();
-    assert_eq!(
-        probe_value(stdout, "uid"),
-        uid,
-        "setuid-root binary gave root"
-    );
-    // The image keeps what its layers say; the mount makes it harmless.
-    assert_eq!(probe_value(stdout, "suid-mode"), "-rwsr-xr-x");
-    assert_eq!(probe_value(stdout, "hostdisk-type"), "block special file");
-    assert_eq!(probe_value(stdout, "hostdisk"), "denied");
-    assert_eq!(probe_value(stdout, "kmem"), "denied");
-    assert_eq!(probe_value(stdout, "shadow"), "absent");
-    assert_eq!(probe_value(stdout, "newline"), "1");
-    for key in [
-        "remount",
-        "remount-bind",
-        "ro-write",
-        "umount",
-        "umount-proc",
-        "mount-new",
-    ] {
-        assert_eq!(probe_value(stdout, key), "denied", "{key}:\n{stdout}");
+    // Root's jobs take another path (uid 0 maps to itself): the image's
+    // device node, the locked mounts and the read-only bind must hold there
+    // too.
+    for who in common::BOTH {
+        let out = cluster
+            .srun(who, &["-N1", &image_option, &mounts, "sh", "-c", PROBES])
+            .ok();
+        let stdout = &out.stdout;
+        assert!(stdout.contains("done"), "{who:?}: {stdout}\n{}", out.stderr);
+        let uid = match who {
+            Submitter::Root => "0".to_string(),
+            Submitter::User => user_uid().to_string(),
+        };
+        assert_eq!(
+            probe_value(stdout, "uid"),
+            uid,
+            "{who:?}: setuid-root binary gave root"
+        );
+        // The image keeps what its layers say; the mount makes it harmless.
+        assert_eq!(probe_value(stdout, "suid-mode"), "-rwsr-xr-x");
+        assert_eq!(probe_value(stdout, "hostdisk-type"), "block special file");
+        for key in ["hostdisk", "kmem"] {
+            assert_eq!(
+                probe_value(stdout, key),
+                "denied",
+                "{who:?} {key}:\n{stdout}"
+            );
+        }
+        assert_eq!(probe_value(stdout, "shadow"), "absent");
+        assert_eq!(probe_value(stdout, "newline"), "1");
+        for key in [
+            "remount",
+            "remount-bind",
+            "ro-write",
+            "umount",
+            "umount-proc",
+            "mount-new",
+        ] {
+            assert_eq!(
+                probe_value(stdout, key),
+                "denied",
+                "{who:?} {key}:\n{stdout}"
+            );
+        }
+        assert!(
+            std::fs::read_dir(&ro).unwrap().next().is_none(),
+            "{who:?}: a read-only bind was written"
+        );
+        assert_host_untouched();
     }
-    assert!(
-        std::fs::read_dir(&ro).unwrap().next().is_none(),
-        "a read-only bind was written"
-    );
-    assert_host_untouched();
     cluster.assert_nodes_healthy();
 }
 
