@@ -210,3 +210,104 @@ fn doctor_checks_gpu_isolation() {
         "{out}"
     );
 }
+
+/// With `job_container/tmpfs` (the GPU site), a container's `/tmp` and
+/// `/dev/shm` are its job's private ones: a bare step of the same job reads
+/// what the container wrote there, another job's container on the same node
+/// sees none of it, nor the node's own `/tmp`.
+#[test]
+fn containers_get_the_jobs_private_tmp_and_shm() {
+    let cluster = gpu_cluster_or_skip!();
+    let image = format!("--container-image={}", cluster.image("busybox:latest"));
+    let node = cluster.var("BERTH_TEST_NODE_NAMES");
+    let node = node.split(',').next().unwrap().to_string();
+    let node_tmp = std::path::Path::new(&cluster.var("BERTH_TEST_STATE_DIR"))
+        .join("nodes")
+        .join(&node)
+        .join("tmp");
+    for who in BOTH {
+        let tag = format!("{who:?}-{}", std::process::id());
+        let dir = cluster.shared_dir("jobtmp");
+        let on_node = node_tmp.join(format!("node-file-{tag}"));
+        std::fs::write(&on_node, "node").unwrap();
+        let report = format!("--container-mounts={}:/report", dir.display());
+        // Job A: a container step writes into /tmp and /dev/shm, says so,
+        // waits for the go; then a bare step reads both back.
+        let script = dir.join("job-a.sh");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\n\
+                 srun {image} {report} sh -c 'echo a >/tmp/a-{tag}; echo a >/dev/shm/a-{tag}; \
+                 touch /report/ready; i=0; while [ ! -e /report/go ] && [ $i -lt 90 ]; do \
+                 sleep 1; i=$((i+1)); done'\n\
+                 srun sh -c 'echo bare-tmp=$(cat /tmp/a-{tag}) bare-shm=$(cat /dev/shm/a-{tag})'\n"
+            ),
+        )
+        .unwrap();
+        let out = dir.join("job-a.out");
+        let mut job_a = cluster
+            .command_as(
+                match who {
+                    Submitter::Root => "root",
+                    Submitter::User => common::TEST_USER,
+                },
+                "sbatch",
+                &[
+                    "--wait",
+                    "-N1",
+                    "-w",
+                    &node,
+                    "--oversubscribe",
+                    &format!("--output={}", out.display()),
+                    script.to_str().unwrap(),
+                ],
+            )
+            .spawn()
+            .unwrap();
+        let ready = common::wait_for(std::time::Duration::from_secs(120), || {
+            dir.join("ready").exists()
+        });
+        let probe = format!(
+            "for f in /tmp/node-file-{tag} /tmp/a-{tag} /dev/shm/a-{tag}; do \
+             if [ -e $f ]; then echo seen=$f; fi; done; echo checked"
+        );
+        let job_b = ready.then(|| {
+            cluster.srun(
+                who,
+                &[
+                    "-N1",
+                    "-w",
+                    &node,
+                    "--oversubscribe",
+                    &image,
+                    "sh",
+                    "-c",
+                    &probe,
+                ],
+            )
+        });
+        std::fs::write(dir.join("go"), "").unwrap();
+        let status = job_a.wait().unwrap();
+        let text = std::fs::read_to_string(&out).unwrap_or_default();
+        assert!(
+            ready,
+            "{who:?}: job A's container step never started:\n{text}"
+        );
+        assert!(status.success(), "{who:?}: job A failed:\n{text}");
+        let job_b = job_b.unwrap().ok();
+        assert!(job_b.stdout.contains("checked"), "{}", job_b.stderr);
+        assert!(
+            !job_b.stdout.contains("seen="),
+            "{who:?}: another job's container sees the node's or job A's files:\n{}",
+            job_b.stdout
+        );
+        assert!(
+            text.contains("bare-tmp=a bare-shm=a"),
+            "{who:?}: the job's bare step does not see what its container wrote in /tmp \
+             and /dev/shm:\n{text}"
+        );
+        let _ = std::fs::remove_file(&on_node);
+    }
+    cluster.assert_nodes_healthy();
+}

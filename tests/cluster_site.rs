@@ -6,9 +6,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::path::Path;
 
 use common::{Cluster, Submitter, BOTH};
 
@@ -19,20 +17,6 @@ macro_rules! cluster_or_skip {
             None => return,
         }
     };
-}
-
-/// A fresh folder in the work dir that every node and user can write.
-fn shared_dir(cluster: &Cluster, what: &str) -> PathBuf {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let dir = Path::new(&cluster.var("BERTH_TEST_WORKDIR")).join(format!(
-        "site-{what}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-    dir
 }
 
 fn uid_of(who: Submitter) -> String {
@@ -102,7 +86,7 @@ fn task_prolog_runs_on_the_host_for_container_tasks_as_for_bare_ones() {
             ("container", vec![image.as_str()]),
             ("remap-root", vec![image.as_str(), "--container-remap-root"]),
         ] {
-            let dir = shared_dir(&cluster, "prolog");
+            let dir = cluster.shared_dir("prolog");
             let mut args = vec!["-N2", "-n3"];
             args.extend(extra.iter().copied());
             args.extend(["sh", "-c", TASK_REPORT]);
@@ -180,7 +164,7 @@ fn failing_task_prolog_fails_the_task_not_the_node() {
     let image = format!("--container-image={}", cluster.image("busybox:latest"));
     for who in BOTH {
         for extra in [vec![], vec![image.as_str()]] {
-            let dir = shared_dir(&cluster, "fail");
+            let dir = cluster.shared_dir("fail");
             let marker = dir.join("command-ran");
             let touch = format!("touch {}", marker.display());
             let mut args = vec!["-N1"];
@@ -220,7 +204,7 @@ fn task_prolog_reaches_the_batch_script_in_the_container() {
     let cluster = cluster_or_skip!();
     let image = format!("--container-image={}", cluster.image("busybox:latest"));
     for who in BOTH {
-        let dir = shared_dir(&cluster, "batch");
+        let dir = cluster.shared_dir("batch");
         let out = dir.join("job.out");
         let run = cluster.slurm_env(
             who,
@@ -263,7 +247,7 @@ fn sbatch_export_keeps_the_batch_script_in_the_container() {
             "--export=FOO,BAR",
             "--export=ALL",
         ] {
-            let dir = shared_dir(&cluster, "export");
+            let dir = cluster.shared_dir("export");
             std::fs::write(dir.join("marker"), "").unwrap();
             let out = dir.join("job.out");
             let mounts = format!("--container-mounts={}:/mnt/probe:ro", dir.display());

@@ -123,6 +123,9 @@ fn serve(channel: &mut Channel) -> anyhow::Result<()> {
 
 fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Result<()> {
     let plan = MountPlan::new(spec, mounts::system_binds())?;
+    if let Some(namespace) = &spec.job_namespace {
+        crate::container::jobns::enter(namespace)?;
+    }
     let image = mount_image_with_loop_device(spec).context("mounting the image")?;
     // With the image mapped, what the holder creates in the root (the /etc
     // files, mount points) is the user's too, like the image's own files.

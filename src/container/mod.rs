@@ -20,7 +20,7 @@
 //! escape), [`loopdev`] (loop devices), [`mounts`] (mount operations), `fuse`
 //! (daemons of unprivileged mode), `netns` (loopback up in a new network
 //! namespace), `ipcns` (own `/dev/shm` and `/dev/mqueue` in a new IPC
-//! namespace), `seccomp` (the remap-root filter),
+//! namespace), [`jobns`] (the job's namespace of `job_container/tmpfs`), `seccomp` (the remap-root filter),
 //! [`taskhooks`] (the PMIx and PyTorch variables of enroot's hooks),
 //! [`save`] (`--container-save`: pack a root into a squashfs file),
 //! [`channel`] (messages to and from the holder), [`holder`] (the stages),
@@ -35,6 +35,7 @@ mod fuse;
 pub mod holder;
 pub mod idmap;
 mod ipcns;
+pub mod jobns;
 mod join;
 pub mod loopdev;
 pub mod mountplan;

@@ -72,6 +72,12 @@ pub struct ContainerSpec {
     /// (`--container-mpi`, the step's GPUs; see [`crate::inject`]).
     #[serde(default)]
     pub injection: crate::inject::Injection,
+    /// The job's mount namespace of Slurm's `job_container/tmpfs` (its nsfs
+    /// file, see [`crate::container::jobns`]): the holder builds the
+    /// container from it, so that the job's private `/tmp` and `/dev/shm`
+    /// are the container's. Privileged mode only.
+    #[serde(default)]
+    pub job_namespace: Option<PathBuf>,
 }
 
 fn default_writable() -> bool {
@@ -138,6 +144,7 @@ impl ContainerSpec {
             upper_dir: None,
             image_reader: None,
             injection: Default::default(),
+            job_namespace: None,
         }
     }
 

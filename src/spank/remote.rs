@@ -373,6 +373,8 @@ pub(super) fn build_spec(ctx: &StepContext, stored: &StoredImage) -> Result<Cont
     }
     .binds();
     spec.extra_binds.extend(ctx.batch_script.clone());
+    // job_container/tmpfs: the job's private /tmp and /dev/shm.
+    spec.job_namespace = crate::container::jobns::find(ctx.job);
     if let Some(prolog) = &ctx.task_prolog {
         spec.extra_binds
             .push(super::task_prolog::container_bind(prolog, &ctx.node_state)?);

@@ -208,6 +208,23 @@ impl Cluster {
             .collect()
     }
 
+    /// A fresh folder in the work dir that every node and user can write
+    /// (mode 0777), named after `what`.
+    pub fn shared_dir(&self, what: &str) -> std::path::PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::path::Path::new(&self.var("BERTH_TEST_WORKDIR")).join(format!(
+            "shared-{what}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        dir
+    }
+
     /// Asserts no node is drained, down or failing.
     pub fn assert_nodes_healthy(&self) {
         for (node, state) in self.node_states() {
