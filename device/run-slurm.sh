@@ -38,6 +38,9 @@ finish() {
         [[ -f /var/log/slurm/$f.log ]] && tail -c 4000000 "/var/log/slurm/$f.log" >"$OUT/$f.log"
         [[ -f /var/log/slurm/$f.out ]] && tail -5 "/var/log/slurm/$f.out"
     done
+    # berth's own account of each container's setup (slurmd's log).
+    grep -h "berth: job" /var/log/slurm/slurmd.log 2>/dev/null | grep -E "ready|created|kept root" |
+        sed 's/^\[[^]]*\] //' >>"$W/summary"
     [[ -f $W/summary ]] && { step "summary"; cat "$W/summary"; cp "$W/summary" "$OUT/summary.txt"; }
     kill "${CTLD_PID:-}" "${SLURMD_PID:-}" 2>/dev/null
     echo "done at $((SECONDS - T0))s"
@@ -267,6 +270,12 @@ timeout 90 $P/bin/sbatch --wait --gres=gpu:1 --container-image="$IMG" -o "$W/bat
 echo "(rc=$?)"
 cat "$W/batch.out"
 
+step "other ways to ask for the GPU, in berth"
+for opt in --gres=gpu:1 "-n1 --gpus-per-task=1" --gpus-per-node=1; do
+    # shellcheck disable=SC2086 # $opt is one or two options
+    run $opt --container-image="$IMG" sh -c 'echo "SLURM_STEP_GPUS=${SLURM_STEP_GPUS-unset}"; cuda_probe; nvidia-smi -L'
+done
+
 need 60 "latency"
 step "time from srun to the task (uptime read before srun and first thing in the task)"
 lat() {
@@ -280,6 +289,18 @@ for i in 1 2 3; do
     note "latency bare  $i: $(lat --gpus=1)"
     note "latency berth $i: $(lat --gpus=1 --container-image="$IMG")"
 done
+
+step "a named container: later steps of one job join the first one's"
+cat >"$W/named.sh" <<EOF
+#!/bin/bash
+for i in 1 2 3; do
+    t0=\$(cut -d' ' -f1 /proc/uptime)
+    t1=\$($P/bin/srun --container-image=$IMG --container-name=lat cut -d' ' -f1 /proc/uptime)
+    awk -v i=\$i -v a=\$t0 -v b=\$t1 'BEGIN {printf "latency named step %d: to the task %.2f s\\n", i, b - a}'
+done
+EOF
+echo "\$ salloc --gpus=1 bash $W/named.sh"
+timeout 120 $P/bin/salloc --gpus=1 bash "$W/named.sh" | tee -a "$W/summary"
 
 need 60 "NCCL"
 step "NCCL all-reduce, one GPU, through srun: bare and in berth, interleaved"
