@@ -4,7 +4,9 @@
 // rank uses GPU `RANK % visible GPUs`. For sizes 1 MiB .. 4 GiB (float sum),
 // 5 warm-up and 20 timed iterations; rank 0 prints size, time, algbw and
 // busbw (GB/s, busbw = algbw * 2(n-1)/n as nccl-tests defines it) and checks
-// the sum.
+// the sum. With one rank an in-place all-reduce is no work at all, so one
+// rank reduces out of place (a device-to-device copy: algbw is then the
+// GPU's copy rate; busbw stays 0 by that definition).
 #include <cstdio>
 #include <cstdlib>
 #include <unistd.h>
@@ -45,8 +47,10 @@ int main(int argc, char **argv) {
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
     size_t max = (size_t)4 << 30;
-    float *buf;
+    float *buf, *out;
     CK(cudaMalloc(&buf, max));
+    out = buf;
+    if (nranks == 1) CK(cudaMalloc(&out, max));
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
@@ -54,14 +58,14 @@ int main(int argc, char **argv) {
     for (size_t bytes = (size_t)1 << 20; bytes <= max; bytes *= 4) {
         size_t n = bytes / sizeof(float);
         fill<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(buf, n, 1.0f);
-        CK(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, comm, s));
+        CK(ncclAllReduce(buf, out, n, ncclFloat, ncclSum, comm, s));
         float first = 0;
-        CK(cudaMemcpyAsync(&first, buf, sizeof first, cudaMemcpyDeviceToHost, s));
+        CK(cudaMemcpyAsync(&first, out, sizeof first, cudaMemcpyDeviceToHost, s));
         CK(cudaStreamSynchronize(s));
-        for (int i = 0; i < 5; i++) CK(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, comm, s));
+        for (int i = 0; i < 5; i++) CK(ncclAllReduce(buf, out, n, ncclFloat, ncclSum, comm, s));
         const int iters = 20;
         CK(cudaEventRecord(a, s));
-        for (int i = 0; i < iters; i++) CK(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, comm, s));
+        for (int i = 0; i < iters; i++) CK(ncclAllReduce(buf, out, n, ncclFloat, ncclSum, comm, s));
         CK(cudaEventRecord(b, s));
         CK(cudaEventSynchronize(b));
         float ms = 0;
