@@ -311,3 +311,81 @@ fn containers_get_the_jobs_private_tmp_and_shm() {
     }
     cluster.assert_nodes_healthy();
 }
+
+/// `--gpus=1` and `--gpus-per-task`: each task in the container gets what
+/// Slurm binds for it bare (the GPUs it may open, `CUDA_VISIBLE_DEVICES`),
+/// and the container's `/dev` holds exactly the step's GPUs.
+#[test]
+fn tasks_in_a_container_get_what_slurm_binds_for_them_bare() {
+    let cluster = gpu_cluster_or_skip!();
+    let image = format!("--container-image={}", cluster.image("busybox:latest"));
+    let gpu_dev = format!("{}/dev", cluster.var("BERTH_TEST_GPU_DIR"));
+    let by_hand = format!("--container-mounts={gpu_dev}:/mnt/gpus:ro");
+    let with_cvd = |dir: &str| {
+        format!(
+            "{}; echo \"cvd=${{CUDA_VISIBLE_DEVICES:-none}} task=$SLURM_PROCID\"",
+            probe(dir)
+        )
+    };
+    for who in BOTH {
+        for shape in [
+            vec!["-N1", "--gpus=1"],
+            vec!["-N1", "-n2", "--gpus-per-task=1"],
+        ] {
+            let mut seen = Vec::new();
+            for container in [false, true] {
+                let script = if container {
+                    with_cvd("/mnt/gpus")
+                } else {
+                    with_cvd(&gpu_dev)
+                };
+                let mut args = shape.clone();
+                if container {
+                    args.extend([image.as_str(), by_hand.as_str()]);
+                }
+                args.extend(["sh", "-c", script.as_str()]);
+                let run = cluster.srun(who, &args).ok();
+                let ctx = format!("{who:?} {shape:?} container={container}: {}", run.stdout);
+                let mut tasks = std::collections::BTreeMap::new();
+                // One container per step and node: its /dev holds the GPUs
+                // of all its tasks (those some task may open); each task
+                // opens only its own (task/cgroup; a task's SLURM_STEP_GPUS
+                // counts from its own first GPU).
+                let step_gpus: BTreeSet<u32> = probes(&run.stdout)
+                    .iter()
+                    .flat_map(|t| {
+                        [0u32, 1]
+                            .into_iter()
+                            .filter(|n| t[&format!("open{n}")] == ALLOWED)
+                    })
+                    .collect();
+                for task in probes(&run.stdout) {
+                    let rank = task["task"].clone();
+                    let cvd = run
+                        .stdout
+                        .lines()
+                        .find(|l| l.ends_with(&format!(" task={rank}")) && l.starts_with("cvd="))
+                        .unwrap_or_default()
+                        .to_string();
+                    if container {
+                        let dev: BTreeSet<u32> = task["dev"]
+                            .split(',')
+                            .filter_map(|d| d.strip_prefix("nvidia")?.parse().ok())
+                            .collect();
+                        assert_eq!(dev, step_gpus, "/dev: {ctx}");
+                    }
+                    let opens = format!("{} {} {cvd}", task["open0"], task["open1"]);
+                    tasks.insert(rank, opens);
+                }
+                let expected_tasks = if shape.contains(&"-n2") { 2 } else { 1 };
+                assert_eq!(tasks.len(), expected_tasks, "{ctx}");
+                seen.push(tasks);
+            }
+            assert_eq!(
+                seen[1], seen[0],
+                "{who:?} {shape:?}: tasks in the container (right) differ from bare (left)"
+            );
+            eprintln!("{who:?} {shape:?}: {:?}", seen[0]);
+        }
+    }
+}

@@ -12,7 +12,8 @@
 #   4. runs the unit tests, then the integration tests against the cluster
 #      (srun/sbatch as root and as the ordinary user berthuser), then the
 #      leftover check alone, then the GPU-site tests (cluster_gpu,
-#      cluster_site) on the cluster restarted with BERTH_TEST_SITE=gpu,
+#      cluster_site, cluster_faults' scancel tests) on the cluster
+#      restarted with BERTH_TEST_SITE=gpu,
 #   5. tears the cluster and registry down, whatever happened.
 #
 # Environment: BERTH_TEST_NAME, BERTH_TEST_NODES (see tests/harness/lib.sh),
@@ -125,8 +126,11 @@ deb2=$(BERTH_DEB_VERSION=0.1.0~ci2 TARGET_DIR="$CARGO_TARGET_DIR" packaging/deb.
 BERTH_TEST_DEBS=$deb1:$deb2 cargo test --release --locked --test package
 log "leftover check (alone, after every other test)"
 cargo test --release --locked --test cluster_leftovers
-log "GPU site: the cluster again with proctrack/task cgroup, ConstrainDevices and fake GPUs"
+log "GPU site: the cluster again with proctrack/task cgroup, ConstrainDevices, job_container/tmpfs and fake GPUs"
 tests/harness/cluster.sh down
 BERTH_TEST_SITE=gpu tests/harness/cluster.sh up
 cargo test --release --locked --test cluster_gpu --test cluster_site -- --test-threads=2
+# scancel under proctrack/cgroup: the step's helpers, what the cancel
+# watcher still has to stop (issue 19 point 6).
+cargo test --release --locked --test cluster_faults -- scancel
 cargo test --release --locked --test cluster_leftovers
