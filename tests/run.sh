@@ -48,9 +48,22 @@ PREFIX=$STATE/prefix
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target}
 
 if [[ $SUITE == full ]]; then
+    # First, before anything slow: a formatting or lint failure stops the
+    # run within a minute or two, saying what to run.
     log "formatting and lints"
-    cargo fmt --check
-    cargo clippy --locked --all-targets -- -D warnings
+    berth_rust_linters
+    cargo fmt --check || {
+        echo "[tests] FAILED: cargo fmt --check (the diff above): run cargo fmt, commit, run again" >&2
+        exit 1
+    }
+    cargo clippy --locked --all-targets -- -D warnings || {
+        echo "[tests] FAILED: cargo clippy --all-targets -- -D warnings (the warnings above): fix them, run again" >&2
+        exit 1
+    }
+    cargo clippy --locked --all-targets --no-default-features -- -D warnings || {
+        echo "[tests] FAILED: cargo clippy --all-targets --no-default-features -- -D warnings: fix the warnings above" >&2
+        exit 1
+    }
     # The CLI alone, as on a machine without Slurm's headers: without the
     # default feature `spank` bindgen is not even built, so no header is read.
     log "the CLI without the SPANK plugin (--no-default-features)"

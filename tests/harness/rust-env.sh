@@ -22,3 +22,25 @@ if [[ ! $_berth_rustc_minor =~ ^[0-9]+$ ]] || ((_berth_rustc_minor < 88)); then
     return 1 2>/dev/null || exit 1
 fi
 unset _berth_rustc_minor
+
+# berth_rust_linters: makes sure `cargo fmt` and `cargo clippy` run (the test
+# command checks both first). rustup's minimal profile leaves them out: they
+# are then added to the active toolchain with rustup; a toolchain not managed
+# by rustup must bring them itself.
+berth_rust_linters() {
+    local missing=()
+    cargo fmt --version >/dev/null 2>&1 || missing+=(rustfmt)
+    cargo clippy --version >/dev/null 2>&1 || missing+=(clippy)
+    ((${#missing[@]} == 0)) && return 0
+    if command -v rustup >/dev/null 2>&1; then
+        echo "[rust-env] adding the toolchain components ${missing[*]} (rustup component add)"
+        rustup component add "${missing[@]}" || {
+            echo "[rust-env] ERROR: rustup component add ${missing[*]} failed; add them by hand and retry" >&2
+            return 1
+        }
+    else
+        echo "[rust-env] ERROR: this Rust toolchain has no ${missing[*]} and no rustup to add them:" \
+            "install them with the toolchain (or use rustup) and retry" >&2
+        return 1
+    fi
+}

@@ -1,0 +1,117 @@
+//! `berth pull`: an image into the store; also the pull that `berth run`
+//! makes first.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+
+use berth::config::Config;
+use berth::helper::PullSettings;
+use berth::puller;
+use berth::reference::ImageSource;
+use berth::store::{
+    pull_image, NotInStore, ProgressMode, PullOptions, StoredImage, NOT_IN_STORE_EXIT,
+};
+
+use crate::store_args::StoreArgs;
+
+/// The arguments of `berth pull`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// `[REGISTRY#]IMAGE[:TAG][@DIGEST]`, `REGISTRY/IMAGE:TAG` or `docker://...`
+    image: String,
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Print the stored image as JSON on stdout (used by the Slurm plugin).
+    #[arg(long)]
+    json: bool,
+    /// Download nothing: an image not in the store exits with code 3 (with
+    /// --json, `{"not_in_store":"sha256:..."}` on stdout).
+    #[arg(long)]
+    cached_only: bool,
+}
+
+/// `berth pull`: prints the stored image (digest and squashfs path, or JSON).
+pub fn run(args: Args) -> Result<ExitCode> {
+    let Args {
+        image,
+        store,
+        json,
+        cached_only,
+    } = args;
+    let config = Config::for_cli()?;
+    let source = ImageSource::parse(&image)?;
+    let (root, settings, mut progress) = store.resolve(&config)?;
+    if json && store.progress == "auto" {
+        progress = ProgressMode::Off;
+    }
+    let options = settings.pull_options(progress, cached_only);
+    let stored = match cli_pull(&root, &source, &options, &settings, &config) {
+        Ok(stored) => stored,
+        Err(e) => match e.downcast_ref::<NotInStore>() {
+            Some(missing) => {
+                if json {
+                    let answer = serde_json::json!({ "not_in_store": missing.manifest_digest });
+                    println!("{answer}");
+                } else {
+                    eprintln!("berth: {missing}");
+                }
+                return Ok(ExitCode::from(NOT_IN_STORE_EXIT));
+            }
+            None => return Err(e.context(format!("cannot pull {source}"))),
+        },
+    };
+    if json {
+        println!("{}", serde_json::to_string(&stored)?);
+    } else {
+        let digest = stored.manifest_digest.as_deref().unwrap_or("-");
+        println!("{digest} {}", stored.squashfs.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A pull from the command line. Root pulling into a store whose content
+/// areas belong to the pull user (a node store the plugin prepared) runs the
+/// pull as that user too, with root's credentials over a pipe, so the store
+/// keeps one writer; any other pull runs in this process, as its caller.
+pub fn cli_pull(
+    root: &Path,
+    source: &ImageSource,
+    options: &PullOptions,
+    settings: &PullSettings,
+    config: &Config,
+) -> Result<StoredImage> {
+    let ImageSource::Registry(image) = source else {
+        return pull_image(root, source, options);
+    };
+    let owner = puller::content_owner(root);
+    if !nix::unistd::geteuid().is_root() || owner.is_none() {
+        return pull_image(root, source, options);
+    }
+    let helper = std::env::current_exe().context("cannot find the berth executable")?;
+    let request = puller::PullRequest {
+        helper: &helper,
+        store: root,
+        image,
+        pull_user: &config.pull_user,
+        settings: settings.clone(),
+        progress_lines: options.progress != ProgressMode::Off,
+        cached_only: options.cached_only,
+        forward: None,
+    };
+    let pulled = puller::pull(
+        &request,
+        puller::CredentialsFrom::Here(options.registry.credentials.as_ref()),
+    )
+    .map_err(anyhow::Error::msg)?;
+    eprint!("{}", pulled.stderr);
+    match pulled.answer {
+        puller::Answer::Stored(stored) => Ok(*stored),
+        puller::Answer::NotInStore(manifest_digest) => Err(NotInStore {
+            image: image.to_string(),
+            manifest_digest,
+        }
+        .into()),
+    }
+}
