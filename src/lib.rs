@@ -24,6 +24,7 @@ pub mod puller;
 pub mod reference;
 pub mod registry;
 pub mod safepath;
+pub mod seal;
 pub mod slurm_commands;
 pub mod slurm_conf;
 #[cfg(feature = "spank")]

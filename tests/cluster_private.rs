@@ -542,7 +542,8 @@ fn credentials_never_show_and_the_puller_is_the_pull_user() {
 }
 
 /// The store on the node: its root (and named containers) root's, the
-/// content areas the pull user's, nothing writable by an ordinary user; a
+/// content areas the pull user's (but a mounted `image.sqfs`, sealed root's
+/// and read-only), nothing writable by an ordinary user; a
 /// pull by root's CLI into it also runs as the pull user.
 #[test]
 fn store_content_belongs_to_the_pull_user() {
@@ -573,7 +574,7 @@ fn store_content_belongs_to_the_pull_user() {
         .join("images")
         .join(digest.trim_start_matches("sha256:"));
     let sqfs = image.join("image.sqfs");
-    for path in [&image, &sqfs, &image.join("meta.json")] {
+    for path in [&image, &image.join("meta.json")] {
         assert_eq!(
             std::fs::metadata(path).unwrap().uid(),
             pull_uid(),
@@ -581,6 +582,16 @@ fn store_content_belongs_to_the_pull_user() {
             path.display()
         );
     }
+    // The image file itself was sealed when the step took it: root's and
+    // read-only, so not even the pull user can change the mounted bytes
+    // (tests/security_store.rs).
+    let sealed = std::fs::metadata(&sqfs).unwrap();
+    assert_eq!(
+        (sealed.uid(), sealed.gid(), sealed.mode() & 0o7777),
+        (0, 0, 0o444),
+        "{}",
+        sqfs.display()
+    );
     for target in [
         store.join("written"),
         store.join("images/written"),

@@ -241,8 +241,16 @@ fn mount_image_with_loop_device(spec: &ContainerSpec) -> anyhow::Result<MountedI
     let staging = enter_private_staging()?;
     let paths = prepare_staging(staging)?;
     {
-        let reader = spec.image_reader.as_ref().unwrap_or(&spec.user);
-        let device = LoopDevice::attach_read_only(&spec.squashfs, reader)?;
+        let device = match (&spec.image_reader, spec.sealed_image) {
+            // A store image (the pull user's folders): only once root sealed it.
+            (Some(pull_user), sealed) => {
+                LoopDevice::attach_store_image(&spec.squashfs, pull_user, sealed)?
+            }
+            (None, Some(sealed)) => {
+                LoopDevice::attach_store_image(&spec.squashfs, &spec.user, Some(sealed))?
+            }
+            (None, None) => LoopDevice::attach_read_only(&spec.squashfs, &spec.user)?,
+        };
         mounts::mount_squashfs(device.path(), &spec.squashfs, &paths.image)?;
         // Dropping `device` closes it: the mount keeps it busy, autoclear
         // frees it with the last unmount.

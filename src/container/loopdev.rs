@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 
 use crate::container::spec::UserIdentity;
+use crate::seal::{check_sealed, SealedFile};
 
 const LOOP_SET_FD: libc::c_ulong = 0x4C00;
 const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
@@ -80,19 +81,32 @@ impl LoopDevice {
     /// swapped): a regular file, so a symlink or a renamed path cannot point
     /// root at a device.
     pub fn attach_read_only(image: &Path, reader: &UserIdentity) -> anyhow::Result<LoopDevice> {
-        let backing = open_as(image, reader).map_err(|e| {
-            if e.kind() == io::ErrorKind::PermissionDenied {
-                anyhow::anyhow!(
-                    "image {} is not readable by {} (uid {}): {e}; berth mounts only \
-                     images the job's user may read",
-                    image.display(),
-                    reader.name,
-                    reader.uid
-                )
-            } else {
-                anyhow::Error::new(e).context(format!("cannot open image file {}", image.display()))
-            }
-        })?;
+        let backing = open_image(image, reader)?;
+        LoopDevice::attach_file(image, &backing)
+    }
+
+    /// [`LoopDevice::attach_read_only`] for an image of the node store,
+    /// which the pull user wrote: opened with `reader`'s identity, then
+    /// bound only when the descriptor shows a sealed file (root's, no write
+    /// bits, one link; see [`crate::seal::check_sealed`]) and,
+    /// given `sealed`, the very file root sealed for the step.
+    pub fn attach_store_image(
+        image: &Path,
+        reader: &UserIdentity,
+        sealed: Option<SealedFile>,
+    ) -> anyhow::Result<LoopDevice> {
+        let backing = open_image(image, reader)?;
+        check_sealed(&backing, image, sealed)?;
+        LoopDevice::attach_file(image, &backing)
+    }
+
+    /// The device node, e.g. `/dev/loop3`.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Binds a free loop device to the opened `backing` file of `image`.
+    fn attach_file(image: &Path, backing: &File) -> anyhow::Result<LoopDevice> {
         let meta = backing
             .metadata()
             .with_context(|| format!("cannot stat image file {}", image.display()))?;
@@ -120,7 +134,7 @@ impl LoopDevice {
             }
             let path = PathBuf::from(format!("/dev/loop{index}"));
             let device = open_device(&path)?;
-            match configure(&device, &backing, &info) {
+            match configure(&device, backing, &info) {
                 Ok(()) => return Ok(LoopDevice { device, path }),
                 Err(err) if err.raw_os_error() == Some(libc::EBUSY) => continue,
                 Err(err) => {
@@ -140,11 +154,24 @@ impl LoopDevice {
             image.display()
         )
     }
+}
 
-    /// The device node, e.g. `/dev/loop3`.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
+/// Opens `image` read-only with `reader`'s file-system identity (see
+/// [`LoopDevice::attach_read_only`]).
+fn open_image(image: &Path, reader: &UserIdentity) -> anyhow::Result<File> {
+    open_as(image, reader).map_err(|e| {
+        if e.kind() == io::ErrorKind::PermissionDenied {
+            anyhow::anyhow!(
+                "image {} is not readable by {} (uid {}): {e}; berth mounts only \
+                     images the job's user may read",
+                image.display(),
+                reader.name,
+                reader.uid
+            )
+        } else {
+            anyhow::Error::new(e).context(format!("cannot open image file {}", image.display()))
+        }
+    })
 }
 
 impl AsRawFd for LoopDevice {

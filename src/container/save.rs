@@ -27,6 +27,7 @@ use crate::container::loopdev::LoopDevice;
 use crate::container::mounts;
 use crate::container::spec::UserIdentity;
 use crate::image::squashfs::SquashfsOptions;
+use crate::seal::SealedFile;
 
 /// The first argument that makes the `berth` binary run [`save_main`].
 pub const SAVE_ARG: &str = "__save";
@@ -53,6 +54,10 @@ pub struct SaveRequest {
     /// the user above.
     #[serde(default)]
     pub image_reader: Option<UserIdentity>,
+    /// The store image file root sealed for the step (see
+    /// `ContainerSpec::sealed_image`); a store image is read only sealed.
+    #[serde(default)]
+    pub sealed_image: Option<SealedFile>,
 }
 
 /// Checks, as the calling user, that `output` can be written: an absolute
@@ -143,8 +148,14 @@ pub fn save(request: &SaveRequest) -> Result<()> {
             shell: String::new(),
             group_names: Default::default(),
         };
-        let reader = request.image_reader.clone().unwrap_or(reader);
-        let device = LoopDevice::attach_read_only(&request.squashfs, &reader)?;
+        let device = match (&request.image_reader, request.sealed_image) {
+            (None, None) => LoopDevice::attach_read_only(&request.squashfs, &reader)?,
+            (pull_user, sealed) => LoopDevice::attach_store_image(
+                &request.squashfs,
+                pull_user.as_ref().unwrap_or(&reader),
+                sealed,
+            )?,
+        };
         mounts::mount_squashfs(device.path(), &request.squashfs, &lower)?;
     }
     let upper = match upper_swap(request)? {

@@ -68,6 +68,12 @@ pub struct ContainerSpec {
     /// container's user (a squashfs file the user gave).
     #[serde(default)]
     pub image_reader: Option<UserIdentity>,
+    /// The store image file root sealed when it took the step's hold (see
+    /// [`crate::seal`]): the loop mount takes only that file,
+    /// root's and read-only. A store image (`image_reader` set) without it
+    /// is refused.
+    #[serde(default)]
+    pub sealed_image: Option<crate::seal::SealedFile>,
     /// Host libraries, GPUs and devices added to the container
     /// (`--container-mpi`, the step's GPUs; see [`crate::inject`]).
     #[serde(default)]
@@ -143,6 +149,7 @@ impl ContainerSpec {
             entrypoint: None,
             upper_dir: None,
             image_reader: None,
+            sealed_image: None,
             injection: Default::default(),
             job_namespace: None,
         }

@@ -180,7 +180,9 @@ fn chown_tree(dir: &Path, user: &PullUser) -> Result<()> {
             .with_context(|| format!("cannot read {}", entry.path().display()))?;
         if kind.is_dir() {
             chown_tree(&entry.path(), user)?;
-        } else {
+        } else if entry.file_name() != "image.sqfs" {
+            // An image file stays root's: it may be mounted (see
+            // seal), and its bytes must stay out of the pull user's reach.
             chown(&entry.path(), user)?;
         }
     }
@@ -217,14 +219,13 @@ mod tests {
         assert_eq!(content_owner(&root), None);
         let adopted = prepare_store(&root, &user).unwrap();
         assert_eq!(adopted.len(), CONTENT_DIRS.len() - 1, "{adopted:?}"); // blobs/sha256 came with blobs
-        for path in [
-            "images",
-            "images/abc",
-            "images/abc/image.sqfs",
-            "tmp",
-            "locks",
-            "blobs/sha256",
-        ] {
+        let image = fs::symlink_metadata(root.join("images/abc/image.sqfs")).unwrap();
+        assert_eq!(
+            image.uid(),
+            0,
+            "an image file stays root's (the hold seals it)"
+        );
+        for path in ["images", "images/abc", "tmp", "locks", "blobs/sha256"] {
             assert_eq!(
                 fs::symlink_metadata(root.join(path)).unwrap().uid(),
                 user.uid,

@@ -188,7 +188,7 @@ fn start_as_root(
         (Action::Reuse, Some(root)) => {
             let held = hold(&root)?;
             let (stored, image_hold) = root_image(ctx, &root)?;
-            let (container, spec) = build(ctx, &stored, &root)?;
+            let (container, spec) = build(ctx, &stored, image_hold.as_ref(), &root)?;
             let what = format!("'{}' started on its kept root", key.name);
             (container, spec, Some(held), image_hold, what)
         }
@@ -209,7 +209,7 @@ fn start_as_root(
             };
             let root = roots.create(key, &meta).map_err(describe)?;
             let held = hold(&root)?;
-            let (container, spec) = build(ctx, &stored, &root)?;
+            let (container, spec) = build(ctx, &stored, image_hold.as_ref(), &root)?;
             let what = format!("'{}' created from {image}", key.name);
             (container, spec, Some(held), image_hold, what)
         }
@@ -270,13 +270,15 @@ fn refuse_missing_namespaces(
     ))
 }
 
-/// Builds a container on the kept root of `root`.
+/// Builds a container on the kept root of `root`, from `stored` (held by
+/// `image_hold`).
 fn build(
     ctx: &StepContext,
     stored: &StoredImage,
+    image_hold: Option<&ImageHold>,
     root: &NamedRoot,
 ) -> Result<(Container, ContainerSpec), String> {
-    let mut spec = build_spec(ctx, stored)?;
+    let mut spec = build_spec(ctx, stored, image_hold)?;
     spec.upper_dir = Some(root.overlay_dir().to_path_buf());
     let container =
         spawn_holder(&ctx.config.helper_path, &spec, Mode::Privileged).map_err(|e| {

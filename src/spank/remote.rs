@@ -244,7 +244,7 @@ fn start_unnamed(ctx: &StepContext) -> Result<(StepContainer, String), String> {
     let pull_started = Instant::now();
     let (stored, image_hold) = super::fanout::pull_and_hold(ctx, &image)?;
     let pulled = pull_started.elapsed();
-    let mut spec = build_spec(ctx, &stored)?;
+    let mut spec = build_spec(ctx, &stored, image_hold.as_ref())?;
     let mut save = None;
     if let Some(output) = &ctx.save_to {
         let scratch = with_root(|| {
@@ -304,6 +304,7 @@ pub(super) fn save_request(spec: &ContainerSpec, overlay_dir: &Path, output: &Pa
         gid: spec.user.gid,
         groups: spec.user.all_gids(),
         image_reader: spec.image_reader.clone(),
+        sealed_image: spec.sealed_image,
     }
 }
 
@@ -333,9 +334,13 @@ fn save_target(spank: &Spank, path: &str) -> Result<PathBuf, String> {
     Ok(absolute)
 }
 
-/// The container spec of this step for `stored`: the user, the options, the
-/// PMI folders.
-pub(super) fn build_spec(ctx: &StepContext, stored: &StoredImage) -> Result<ContainerSpec, String> {
+/// The container spec of this step for `stored` (held by `hold`): the user,
+/// the options, the PMI folders.
+pub(super) fn build_spec(
+    ctx: &StepContext,
+    stored: &StoredImage,
+    hold: Option<&ImageHold>,
+) -> Result<ContainerSpec, String> {
     let options = &ctx.options;
     let mut mounts = match &options.mounts {
         Some(text) => parse_mounts(text).map_err(|e| format!("--container-mounts: {e}"))?,
@@ -360,6 +365,7 @@ pub(super) fn build_spec(ctx: &StepContext, stored: &StoredImage) -> Result<Cont
         // A store image: ordinary users cannot read the store, the pull user can.
         spec.image_reader =
             Some(crate::puller::PullUser::lookup(&ctx.config.pull_user)?.identity());
+        spec.sealed_image = hold.and_then(ImageHold::sealed);
     }
     spec.mounts = mounts;
     spec.workdir = options.workdir.clone();

@@ -44,7 +44,7 @@ impl Store {
 
     /// Who may own the store's files besides root: the owner of `images/`
     /// (the pull user in a node store) and this process.
-    fn file_owners(&self) -> Vec<u32> {
+    pub(super) fn file_owners(&self) -> Vec<u32> {
         let mut owners = vec![nix::unistd::geteuid().as_raw()];
         if let Ok(meta) = fs::symlink_metadata(self.images_dir()) {
             owners.push(meta.uid());

@@ -4,6 +4,9 @@
 //! ([`ImageHold`]); `berth rmi` and `berth gc` try an exclusive lock first and
 //! leave the image alone when they cannot get it. `flock` locks die with the
 //! process, so a crashed container never pins an image.
+//!
+//! Root's hold of a store image also seals it ([`crate::seal`]): from then
+//! on its bytes are root's and read-only, and no writer from before is left.
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -13,6 +16,7 @@ use anyhow::{bail, Context, Result};
 
 use super::fsutil::{lock_shared, try_lock_exclusive};
 use super::{Store, StoredImage};
+use crate::seal::{seal, SealedFile};
 
 /// A shared lock on a stored image's squashfs file: while it lives, `rmi` and
 /// `gc` do not remove the image. Dropping it releases the lock.
@@ -20,6 +24,7 @@ use super::{Store, StoredImage};
 pub struct ImageHold {
     file: File,
     path: PathBuf,
+    sealed: Option<SealedFile>,
 }
 
 impl ImageHold {
@@ -32,6 +37,12 @@ impl ImageHold {
     pub fn file(&self) -> &File {
         &self.file
     }
+
+    /// The sealed file, when root took the hold on a store image: the
+    /// holder mounts only this file (see [`crate::seal::check_sealed`]).
+    pub fn sealed(&self) -> Option<SealedFile> {
+        self.sealed
+    }
 }
 
 impl Store {
@@ -39,6 +50,10 @@ impl Store {
     /// the image was removed from the store meanwhile (pull it again).
     ///
     /// Works for squashfs files given by path too (the lock is then on that file).
+    ///
+    /// As root, an image inside the store is sealed first ([`seal`]): made
+    /// `root:root 0444` and proven free of writers; fails when a writer is
+    /// left (the message names the file and what to do).
     pub fn hold(&self, image: &StoredImage) -> Result<ImageHold> {
         let path = image.squashfs.clone();
         let removed = || {
@@ -78,7 +93,13 @@ impl Store {
             Ok(now) if now.dev() == held.dev() && now.ino() == held.ino() => {}
             _ => bail!(removed()),
         }
-        Ok(ImageHold { file, path })
+        let in_store = path.starts_with(self.root()) && image.manifest_digest.is_some();
+        let sealed = if in_store && nix::unistd::geteuid().is_root() {
+            Some(seal(&file, &path, &self.file_owners())?)
+        } else {
+            None
+        };
+        Ok(ImageHold { file, path, sealed })
     }
 }
 

@@ -65,7 +65,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let stored = cli_pull(&root, &source, &options, &settings, &config)
         .with_context(|| format!("cannot pull {source}"))?;
     // Keeps `berth rmi`/`gc` off the image while the container runs.
-    let _hold = match stored.manifest_digest {
+    let hold = match stored.manifest_digest {
         Some(_) => Some(Store::open_unswept(&root)?.hold(&stored)?),
         None => None,
     };
@@ -87,6 +87,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let mut spec = ContainerSpec::new(stored.squashfs.clone(), stored.config.clone(), user);
     spec.mounts = mount_specs;
     spec.workdir = workdir;
+    // Root's hold sealed a store image: the holder mounts only that file.
+    spec.sealed_image = hold.as_ref().and_then(|h| h.sealed());
     let gpus = match gpus {
         Some(text) => {
             let request = GpuRequest::parse(&text).map_err(anyhow::Error::msg)?;
