@@ -72,6 +72,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "slurm_commands",
             "slurm_conf",
             "safepath",
+            "seal",
             "test_support",
         ],
     ),

@@ -175,5 +175,4 @@ pub fn check_sealed(file: &File, path: &Path, expected: Option<SealedFile>) -> R
 }
 
 #[cfg(test)]
-#[path = "seal_tests.rs"]
 mod tests;
