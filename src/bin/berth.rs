@@ -2,6 +2,7 @@
 //! core the Slurm plugin uses. Also the helper the plugin runs on compute nodes.
 
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -133,6 +134,9 @@ enum Commands {
     /// Internal: the pull helper (one request on stdin, one reply line on stdout).
     #[command(name = "__pull", hide = true)]
     PullHelper,
+    /// Internal: the import helper (a user's squashfs file, as a descriptor).
+    #[command(name = "__import", hide = true)]
+    ImportHelper,
     /// Internal: the container setup helper (spoken to over fd 3).
     #[command(name = "__holder", hide = true)]
     Holder,
@@ -337,6 +341,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Commands::PullHelper => std::process::exit(puller::serve::serve_pull()),
+        Commands::ImportHelper => std::process::exit(puller::import::serve_import()),
         Commands::Holder => holder_main(),
         Commands::Save { request } => {
             std::process::exit(berth::container::save::save_main(&[request]))
@@ -504,8 +509,12 @@ fn cli_pull(
     settings: &PullSettings,
     config: &Config,
 ) -> Result<berth::store::StoredImage> {
-    let ImageSource::Registry(image) = source else {
-        return pull_image(root, source, options);
+    let image = match source {
+        ImageSource::Registry(image) => image,
+        ImageSource::SquashfsFile(path) if nix::unistd::geteuid().is_root() => {
+            return import_as_root(root, path, settings, config)
+        }
+        ImageSource::SquashfsFile(_) => return pull_image(root, source, options),
     };
     let owner = puller::content_owner(root);
     if !nix::unistd::geteuid().is_root() || owner.is_none() {
@@ -536,6 +545,34 @@ fn cli_pull(
         }
         .into()),
     }
+}
+
+/// A squashfs file given to root's `berth run`: re-packed into the store by
+/// the pull user, as the plugin does (the kernel never mounts a file that
+/// someone other than berth's converter wrote).
+fn import_as_root(
+    root: &std::path::Path,
+    path: &std::path::Path,
+    settings: &PullSettings,
+    config: &Config,
+) -> Result<berth::store::StoredImage> {
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .with_context(|| format!("cannot open squashfs image {}", path.display()))?;
+    Store::squashfs_file_from(path, &mut file)?;
+    let helper = std::env::current_exe().context("cannot find the berth executable")?;
+    let request = puller::ImportRequest {
+        helper: &helper,
+        store: root,
+        pull_user: &config.pull_user,
+        name: path,
+        max_image_size: settings.max_image_size,
+        shared: settings.shared,
+    };
+    puller::import_file(&request, &file, &|line| eprintln!("berth: {line}"))
+        .map_err(anyhow::Error::msg)
 }
 
 /// `berth containers list|rm`.
