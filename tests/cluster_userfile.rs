@@ -250,3 +250,38 @@ fn a_broken_file_is_refused_by_name_and_leaves_nothing() {
     let left = common::berth_leftovers();
     assert!(left.is_empty(), "left behind: {left:#?}");
 }
+
+#[test]
+fn a_named_container_starts_from_the_store_copy_of_a_users_file() {
+    let cluster = cluster_or_skip!();
+    let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
+    let node = first_node(&cluster);
+    let work = cluster.var("BERTH_TEST_WORKDIR");
+    for who in BOTH {
+        let file = format!("{work}/named-userfile-{who:?}-{}.sqfs", std::process::id());
+        saved_image(&cluster, who, &node, &file, "named-marker");
+        let script = format!(
+            "srun --overlap -n1 --container-name=fromfile --container-image={file} {IMAGE_TMP} \
+             sh -c 'cat /tmp/marker; cat /sys/block/loop*/loop/backing_file 2>/dev/null; \
+             echo kept > /tmp/kept' && \
+             srun --overlap -n1 --container-name=fromfile {IMAGE_TMP} cat /tmp/kept"
+        );
+        let run = cluster
+            .slurm(who, "salloc", &["-N1", "-w", &node, "sh", "-c", &script])
+            .ok();
+        assert!(
+            run.stdout.contains("named-marker") && run.stdout.contains("kept"),
+            "{who:?}\n{}\n{}",
+            run.stdout,
+            run.stderr
+        );
+        assert!(
+            !run.stdout.lines().any(|l| l.trim() == file),
+            "{who:?}: the user's file backs a loop device\n{}",
+            run.stdout
+        );
+        let _ = std::fs::remove_file(&file);
+    }
+    let left = common::berth_leftovers();
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
