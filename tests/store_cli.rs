@@ -97,6 +97,7 @@ fn add_image(
         compressed_size: layers.iter().map(|l| l.size).sum(),
         anonymous: false,
         origins: Vec::new(),
+        user_file: false,
         squashfs_size: sqfs_bytes as u64,
         converter_version: CONVERTER_VERSION,
         created: created

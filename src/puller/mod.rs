@@ -13,14 +13,19 @@
 //!    request, with every setting of the pull, and then the credentials from
 //!    its stdin ([`crate::helper::protocol`]); it reads no config file;
 //! 4. its one reply line is the stored image, or an error.
+//!
+//! [`import_file`] is the other entry point: a squashfs file a user gave,
+//! re-packed into the store by `berth __import` as the pull user.
 
 pub mod creds;
 pub mod identity;
+pub mod import;
 pub mod layout;
 mod run;
 pub mod serve;
 
 pub use creds::{hosts_for, CredentialSet};
 pub use identity::PullUser;
+pub use import::{import_file, ImportRequest};
 pub use layout::{check_reachable, content_owner, prepare_store, CONTENT_DIRS, ROOT_MODE};
 pub use run::{pull, Answer, CredentialsFrom, PullRequest, Pulled, Requester, CREDENTIALS_ARG};

@@ -729,8 +729,15 @@ pub(super) fn pull(
 /// non-blocking, and checked on the descriptor (a regular file: a FIFO or
 /// a device fails at once). Refused when it lies in the node store (whose
 /// images only the registry's access check hands out): by the path as
-/// written, and by the path the opened file resolved to.
-fn user_squashfs(store: &Path, path: &Path, user: &UserIdentity) -> Result<StoredImage, String> {
+/// written, and by the path the opened file resolved to. Then re-packed
+/// into the store by the pull user ([`crate::puller::import_file`]): the
+/// step mounts the store's copy, never the user's file.
+fn user_squashfs(
+    config: &Config,
+    store: &Path,
+    path: &Path,
+    user: &UserIdentity,
+) -> Result<StoredImage, String> {
     let canonical_store = with_root(|| std::fs::canonicalize(store)).ok();
     let in_store = |p: &Path| {
         let p = lexically_normal(p);
@@ -748,13 +755,27 @@ fn user_squashfs(store: &Path, path: &Path, user: &UserIdentity) -> Result<Store
     if in_store(path) {
         return Err(refused());
     }
-    let file = crate::container::loopdev::open_as(path, user)
+    let mut file = crate::container::loopdev::open_as(path, user)
         .map_err(|e| format!("cannot open squashfs image {}: {e}", path.display()))?;
-    let stored = Store::squashfs_file_from(path, file).map_err(|e| format!("{e:#}"))?;
-    if in_store(&stored.squashfs) {
+    let checked = Store::squashfs_file_from(path, &mut file).map_err(|e| format!("{e:#}"))?;
+    if in_store(&checked.squashfs) {
         return Err(refused());
     }
-    Ok(stored)
+    // The kernel never parses the user's bytes: the pull user re-packs them
+    // into the store (once per content), and the step mounts that copy.
+    let request = crate::puller::ImportRequest {
+        helper: &config.helper_path,
+        store,
+        pull_user: &config.pull_user,
+        name: path,
+        max_image_size: config.max_image_size,
+        shared: PullSettings::from_config(config).shared,
+    };
+    let node = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let show = |line: &str| handle::log_user(&format!("{node}: {line}"));
+    crate::puller::import_file(&request, &file, &show)
 }
 
 /// `path` without `.` and `..` components (taken lexically; `/..` is `/`).
@@ -784,7 +805,7 @@ pub(super) fn run_pull(
 ) -> Result<Answer, String> {
     let reference = match ImageSource::parse(image).map_err(|e| format!("{e:#}"))? {
         ImageSource::SquashfsFile(path) => {
-            return user_squashfs(store, &path, requester.user)
+            return user_squashfs(config, store, &path, requester.user)
                 .map(|stored| Answer::Stored(Box::new(stored)))
         }
         ImageSource::Registry(reference) => reference,

@@ -177,6 +177,7 @@ mod tests {
             created: 0,
             anonymous: false,
             origins: Vec::new(),
+            user_file: false,
         };
         let bytes = b"hsqs1234";
         let source = dir.join("sent.sqfs");

@@ -192,6 +192,7 @@ mod tests {
             created: 0,
             anonymous: true,
             origins: Vec::new(),
+            user_file: false,
         }
     }
 

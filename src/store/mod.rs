@@ -56,6 +56,7 @@ mod pull;
 mod remove;
 pub mod shared;
 pub mod units;
+mod userfile;
 
 use std::fs;
 use std::io::Read;
@@ -80,6 +81,7 @@ pub use origin::ImageOrigin;
 pub use progress::ProgressMode;
 pub use remove::{BlobSweep, RemoveOutcome};
 pub use shared::SharedSettings;
+pub use userfile::user_file_key;
 
 /// The first bytes of every squashfs file.
 pub const SQUASHFS_MAGIC: &[u8; 4] = b"hsqs";
@@ -212,6 +214,11 @@ pub struct ImageMeta {
     /// [`ImageMeta::origins`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub origins: Vec<ImageOrigin>,
+    /// A squashfs file a user gave, re-packed into the store
+    /// ([`Store::import_user_file`]): no registry served it, so it is never
+    /// handed out for a registry reference.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub user_file: bool,
 }
 
 impl ImageMeta {
@@ -523,7 +530,7 @@ impl Store {
     /// non-blocking (a FIFO cannot stall the open), checked as
     /// [`Store::squashfs_file_from`] does.
     pub fn open_squashfs_file(path: &Path) -> Result<StoredImage> {
-        let file = fs::OpenOptions::new()
+        let mut file = fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NONBLOCK)
             .open(path)
@@ -533,14 +540,14 @@ impl Store {
                     path.display()
                 )
             })?;
-        Store::squashfs_file_from(path, file)
+        Store::squashfs_file_from(path, &mut file)
     }
 
     /// The squashfs file `path` that the caller has opened as `file`: what
     /// was opened (never the path again) must be a regular file starting
     /// with the squashfs magic. The image's path is the one the descriptor
     /// resolved to.
-    pub fn squashfs_file_from(path: &Path, mut file: fs::File) -> Result<StoredImage> {
+    pub fn squashfs_file_from(path: &Path, file: &mut fs::File) -> Result<StoredImage> {
         let meta = file
             .metadata()
             .with_context(|| format!("cannot stat squashfs image {}", path.display()))?;

@@ -194,6 +194,7 @@ fn pull_unchecked(store: &Store, image: &ImageRef, options: &PullOptions) -> Res
             repository: image.repository.clone(),
             anonymous: !client.used_credentials(),
         }],
+        user_file: false,
     };
     write_synced(
         &staging.path().join("config.json"),
@@ -349,6 +350,10 @@ fn pinned_in_store(
     let Some((digest, meta)) = store.find_pinned(&pinned)? else {
         return Ok(None);
     };
+    if meta.user_file {
+        // A user's re-packed file: no registry reference names it.
+        return Ok(None);
+    }
     let Some(mut stored) = store.load(&digest)? else {
         return Ok(None);
     };
@@ -383,6 +388,11 @@ fn check_resolved_access(
              pull again"
         )
     })?;
+    if meta.user_file {
+        anyhow::bail!(
+            "the stored image {digest} is a user's re-packed squashfs file, not the image {image}"
+        );
+    }
     if meta.came_from(image) {
         return Ok(());
     }

@@ -40,6 +40,12 @@ pub fn pull() -> Result<ExitCode> {
     std::process::exit(berth::puller::serve::serve_pull())
 }
 
+/// `berth __import`: the import helper (a user's squashfs file, as a
+/// descriptor; one request on stdin, one reply line on stdout).
+pub fn import() -> Result<ExitCode> {
+    std::process::exit(berth::puller::import::serve_import())
+}
+
 /// `berth __holder`: the container setup helper (spoken to over fd 3).
 pub fn holder() -> Result<ExitCode> {
     berth::container::holder_main()

@@ -69,6 +69,9 @@ enum Commands {
     /// Internal: the pull helper (one request on stdin, one reply line on stdout).
     #[command(name = "__pull", hide = true)]
     PullHelper,
+    /// Internal: the import helper (a user's squashfs file, as a descriptor).
+    #[command(name = "__import", hide = true)]
+    ImportHelper,
     /// Internal: the container setup helper (spoken to over fd 3).
     #[command(name = "__holder", hide = true)]
     Holder,
@@ -115,6 +118,7 @@ fn dispatch(command: Commands) -> Result<ExitCode> {
         Commands::Gc(args) => gc::run(args),
         Commands::Containers { action } => containers::run(action),
         Commands::PullHelper => helpers::pull(),
+        Commands::ImportHelper => helpers::import(),
         Commands::Holder => helpers::holder(),
         Commands::Fanout(args) => helpers::fanout(args),
         Commands::Credentials(args) => helpers::credentials(args),

@@ -1,6 +1,7 @@
 //! `berth pull`: an image into the store; also the pull that `berth run`
 //! makes first.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -82,8 +83,12 @@ pub fn cli_pull(
     settings: &PullSettings,
     config: &Config,
 ) -> Result<StoredImage> {
-    let ImageSource::Registry(image) = source else {
-        return pull_image(root, source, options);
+    let image = match source {
+        ImageSource::Registry(image) => image,
+        ImageSource::SquashfsFile(path) if nix::unistd::geteuid().is_root() => {
+            return import_as_root(root, path, settings, config)
+        }
+        ImageSource::SquashfsFile(_) => return pull_image(root, source, options),
     };
     let owner = puller::content_owner(root);
     if !nix::unistd::geteuid().is_root() || owner.is_none() {
@@ -114,4 +119,32 @@ pub fn cli_pull(
         }
         .into()),
     }
+}
+
+/// A squashfs file given to root's `berth run`: re-packed into the store by
+/// the pull user, as the plugin does (the kernel never mounts a file that
+/// someone other than berth's converter wrote).
+fn import_as_root(
+    root: &Path,
+    path: &Path,
+    settings: &PullSettings,
+    config: &Config,
+) -> Result<StoredImage> {
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .with_context(|| format!("cannot open squashfs image {}", path.display()))?;
+    berth::store::Store::squashfs_file_from(path, &mut file)?;
+    let helper = std::env::current_exe().context("cannot find the berth executable")?;
+    let request = puller::ImportRequest {
+        helper: &helper,
+        store: root,
+        pull_user: &config.pull_user,
+        name: path,
+        max_image_size: settings.max_image_size,
+        shared: settings.shared,
+    };
+    puller::import_file(&request, &file, &|line| eprintln!("berth: {line}"))
+        .map_err(anyhow::Error::msg)
 }

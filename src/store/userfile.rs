@@ -1,0 +1,271 @@
+//! Squashfs files that users give (`--container-image=/path/x.sqsh`, a
+//! `--container-save` output given back): re-packed once into the store, so
+//! that the kernel's squashfs driver only ever parses bytes berth's own
+//! converter wrote ([`Store::import_user_file`]).
+//!
+//! The caller (the pull helper, as the pull user) holds a descriptor of the
+//! user's file and cannot open the file by path. The bytes are hashed; the
+//! image's key is a sha256 of that digest under a label of its own
+//! ([`user_file_key`]), so no registry manifest can ever name it. A key
+//! already in the store costs one read of the file. Otherwise the file is
+//! copied into `tmp/` (hashing again: the copy must be the bytes hashed),
+//! `sqfs2tar` (squashfs-tools-ng, the one parser of the user's bytes, run
+//! as the pull user) turns the copy into a tar stream, and the store's layer
+//! conversion turns that into `image.sqfs`, published like a pulled image
+//! with `meta.json` saying it came from a file ([`ImageMeta::user_file`]).
+
+use std::fs::File;
+use std::io::{self, BufWriter, Read, Seek, SeekFrom};
+use std::path::Path;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+
+use super::catalog::LAST_USED;
+use super::fsutil::{sync_dir, write_synced, FileLock, TempEntry};
+use super::{ImageMeta, Store, StoredImage};
+use crate::image::{self, ImageConfig, Layer, SquashfsOptions, CONVERTER_VERSION};
+use crate::registry::digest::HashingWriter;
+use crate::registry::Digest;
+
+/// The squashfs-to-tar tool of squashfs-tools-ng.
+const SQFS2TAR: &str = "sqfs2tar";
+
+/// The label hashed with a file's digest into its image key.
+const KEY_LABEL: &str = "berth user squashfs file v1";
+
+/// The most bytes of sqfs2tar's stderr kept for an error message.
+const MAX_TOOL_STDERR: u64 = 16 << 10;
+
+/// The store key of a user's file whose bytes have the sha256 `file`:
+/// sha256 of a label and that digest, which no registry manifest has.
+pub fn user_file_key(file: &Digest) -> Digest {
+    Digest::of_bytes(format!("{KEY_LABEL}\n{file}\n").as_bytes())
+}
+
+impl Store {
+    /// Re-packs the user's squashfs file open as `file` (named `name` in
+    /// messages) into the store, once: returns the stored copy. A file that
+    /// is not a readable squashfs fails with a message naming `name`, and
+    /// leaves the store as it was.
+    pub fn import_user_file(
+        &self,
+        mut file: File,
+        name: &str,
+        max_image_bytes: u64,
+    ) -> Result<StoredImage> {
+        let file_digest = hash_from_start(&mut file, name, io::sink())?.0;
+        let key = user_file_key(&file_digest);
+        let lock_path = self.locks_dir().join(format!("{}.lock", key.hex()));
+        let _lock = FileLock::exclusive(&lock_path, || {
+            eprintln!("berth: waiting for another import of {name}")
+        })?;
+        if let Some(found) = self.load(&key)? {
+            self.touch_last_used(&key);
+            return Ok(found);
+        }
+        eprintln!("berth: importing {name} into the image store (once per content)");
+        let (copy_entry, copy) = TempEntry::file(&self.tmp_dir(), &format!("file-{}", key.hex()))?;
+        let (copied, size, _) = hash_from_start(&mut file, name, BufWriter::new(copy))?;
+        if copied != file_digest {
+            bail!("{name} changed while berth imported it: start the job again once it is written");
+        }
+        let staging = TempEntry::dir(&self.tmp_dir(), &format!("image-{}", key.hex()), 0o755)?;
+        let sqfs = staging.path().join("image.sqfs");
+        let options = SquashfsOptions {
+            max_bytes: max_image_bytes,
+            ..SquashfsOptions::default()
+        };
+        let copy_path = copy_entry.path().to_path_buf();
+        let label = name.to_string();
+        let layer = Layer::from_opener(name, move || {
+            ToolTar::start(&copy_path, &label).map(|t| Box::new(t) as Box<dyn Read + Send>)
+        });
+        let stats = image::convert(&[layer], &sqfs, &options).with_context(|| {
+            format!(
+                "cannot import {name}: it is not a squashfs image berth can read (truncated, \
+                 corrupt, or made by an unsupported tool); make it again (`berth export`, \
+                 `enroot export`) or give an image reference"
+            )
+        })?;
+        drop(copy_entry);
+        let meta = ImageMeta {
+            registry: String::new(),
+            repository: String::new(),
+            tag: None,
+            manifest_digest: key.to_string(),
+            index_digest: None,
+            platform: None,
+            layers: vec![file_digest.to_string()],
+            compressed_size: size,
+            squashfs_size: stats.image_size,
+            converter_version: CONVERTER_VERSION,
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            anonymous: false,
+            origins: Vec::new(),
+            user_file: true,
+        };
+        write_synced(
+            &staging.path().join("config.json"),
+            &serde_json::to_vec_pretty(&ImageConfig::default())?,
+        )?;
+        write_synced(
+            &staging.path().join("meta.json"),
+            &serde_json::to_vec_pretty(&meta)?,
+        )?;
+        write_synced(&staging.path().join(LAST_USED), b"")?;
+        sync_dir(staging.path())?;
+        super::pull::publish(self, staging, &key)?;
+        eprintln!(
+            "berth: imported {name} ({} MB) as {key}",
+            stats.image_size >> 20
+        );
+        self.load(&key)?
+            .with_context(|| format!("the import of {name} vanished from the store"))
+    }
+}
+
+/// Reads `file` from its start to its end into `out`, hashing: the digest,
+/// the size and `out`, flushed.
+fn hash_from_start<W: io::Write>(file: &mut File, name: &str, out: W) -> Result<(Digest, u64, W)> {
+    file.seek(SeekFrom::Start(0))
+        .with_context(|| format!("cannot read {name}"))?;
+    let mut hasher = HashingWriter::new(out);
+    io::copy(file, &mut hasher).with_context(|| format!("cannot read {name}"))?;
+    let (digest, size, mut out) = hasher.finish();
+    out.flush()
+        .with_context(|| format!("cannot copy {name} into the image store"))?;
+    Ok((digest, size, out))
+}
+
+/// The tar stream `sqfs2tar` writes for a squashfs file; at its end, the
+/// tool's exit status is checked (a broken file is an error, never a short
+/// tree). Dropped early, the tool is killed.
+struct ToolTar {
+    child: Child,
+    stdout: ChildStdout,
+    stderr: Option<std::thread::JoinHandle<String>>,
+    name: String,
+}
+
+impl ToolTar {
+    /// Starts `sqfs2tar` on `path` (`name` in messages).
+    fn start(path: &Path, name: &str) -> io::Result<ToolTar> {
+        let mut child = Command::new(SQFS2TAR)
+            // Keep the root folder's metadata; refuse what tar cannot hold.
+            .args(["--root-becomes", ".", "--no-skip"])
+            .arg(path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot run {SQFS2TAR} (install squashfs-tools-ng): {e}"),
+                )
+            })?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut err = child.stderr.take().expect("stderr is piped");
+        let stderr = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = (&mut err).take(MAX_TOOL_STDERR).read_to_string(&mut text);
+            let _ = io::copy(&mut err, &mut io::sink());
+            text
+        });
+        Ok(ToolTar {
+            child,
+            stdout,
+            stderr: Some(stderr),
+            name: name.to_string(),
+        })
+    }
+
+    /// At the end of the stream: an error unless the tool succeeded.
+    fn finish(&mut self) -> io::Result<()> {
+        let status = self.child.wait()?;
+        let stderr = self
+            .stderr
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default();
+        if status.success() {
+            return Ok(());
+        }
+        let said = stderr.trim().replace('\n', "; ");
+        Err(io::Error::other(format!(
+            "{SQFS2TAR} cannot read {} ({status}): {said}",
+            self.name
+        )))
+    }
+}
+
+impl Read for ToolTar {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.stdout.read(buf)?;
+        if n == 0 && !buf.is_empty() && self.stderr.is_some() {
+            self.finish()?;
+        }
+        Ok(n)
+    }
+}
+
+impl Drop for ToolTar {
+    fn drop(&mut self) {
+        if self.stderr.is_some() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_of_user_files_are_no_digest_of_the_bytes() {
+        let digest = Digest::of_bytes(b"hsqs");
+        let key = user_file_key(&digest);
+        assert_ne!(key, digest);
+        assert_eq!(key, user_file_key(&Digest::of_bytes(b"hsqs")));
+    }
+
+    #[test]
+    fn a_garbage_file_is_refused_by_name_and_leaves_the_store_as_it_was() {
+        if which_sqfs2tar().is_none() {
+            assert!(
+                std::env::var_os("BERTH_REQUIRE_CLUSTER").is_none(),
+                "sqfs2tar is missing"
+            );
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("store")).unwrap();
+        let path = dir.path().join("x.sqsh");
+        std::fs::write(&path, b"hsqs and then garbage, not a superblock").unwrap();
+        let e = store
+            .import_user_file(File::open(&path).unwrap(), "/home/u/x.sqsh", 1 << 30)
+            .unwrap_err();
+        let text = format!("{e:#}");
+        assert!(text.contains("/home/u/x.sqsh"), "{text}");
+        assert!(text.contains("sqfs2tar"), "{text}");
+        let left = |sub: &str| {
+            std::fs::read_dir(dir.path().join("store").join(sub)).map_or(0, |d| d.count())
+        };
+        assert_eq!(left("images"), 0);
+        assert_eq!(left("tmp"), 0);
+    }
+
+    fn which_sqfs2tar() -> Option<()> {
+        Command::new(SQFS2TAR)
+            .arg("--version")
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|_| ())
+    }
+}
