@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -186,6 +187,37 @@ fn a_users_file_is_mounted_from_the_store_copy_and_rewriting_it_changes_nothing(
             )
             .ok();
         assert_eq!(run.stdout.trim(), "marker-B", "{who:?}\n{}", run.stderr);
+        // Root recorded the file by its stamp (an entry of root's only): a
+        // repeated start of the unchanged file reads none of it.
+        let recorded = std::fs::read_dir(store.join("userfiles"))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                    .count()
+            })
+            .unwrap_or(0);
+        assert!(
+            recorded > 0,
+            "{who:?}: no entry in {}/userfiles",
+            store.display()
+        );
+        let meta = std::fs::metadata(store.join("userfiles")).unwrap();
+        assert_eq!((meta.uid(), meta.mode() & 0o777), (0, 0o700));
+        let again = cluster
+            .srun(
+                who,
+                &[
+                    "-N1",
+                    "-w",
+                    &node,
+                    &format!("--container-image={file}"),
+                    IMAGE_TMP,
+                    "cat",
+                    "/tmp/marker",
+                ],
+            )
+            .ok();
+        assert_eq!(again.stdout.trim(), "marker-B", "{who:?}\n{}", again.stderr);
         for path in [&file, &other, &flag] {
             let _ = std::fs::remove_file(path);
         }

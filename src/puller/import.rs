@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use super::{layout, PullUser};
+use super::{import_cache, layout, PullUser};
 use crate::helper::{runner, ErrorKind, HelperError, ImportJob, PullReply, RunAs, IMPORT_ARG};
 use crate::store::{SharedSettings, Store, StoredImage};
 
@@ -47,6 +47,17 @@ pub fn import_file(
     crate::privilege::with_root(|| layout::prepare_store(request.store, &pull_user))
         .map_err(|e| format!("{e:#}"))?;
     let name = request.name.display().to_string();
+    // A file imported before, unchanged since: its copy, without reading it.
+    let stamp = match request.shared {
+        None => import_cache::FileStamp::of(file),
+        Some(_) => None,
+    };
+    if let Some(stored) = stamp
+        .as_ref()
+        .and_then(|s| crate::privilege::with_root(|| import_cache::lookup(request.store, s)))
+    {
+        return Ok(stored);
+    }
     let fd = file.as_raw_fd();
     let job = ImportJob {
         store: request.store.to_path_buf(),
@@ -118,6 +129,10 @@ pub fn import_file(
             stored.squashfs.display(),
             request.store.display()
         ));
+    }
+    // Recorded only when the file did not change while it was imported.
+    if let Some(stamp) = stamp.filter(|s| import_cache::FileStamp::of(file).as_ref() == Some(s)) {
+        crate::privilege::with_root(|| import_cache::record(request.store, &stamp, &stored));
     }
     Ok(stored)
 }

@@ -20,6 +20,7 @@
 pub mod creds;
 pub mod identity;
 pub mod import;
+mod import_cache;
 pub mod layout;
 mod run;
 pub mod serve;
