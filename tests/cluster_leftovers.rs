@@ -41,7 +41,7 @@ fn nothing_is_left_after_steps_end() {
                 "-N2",
                 &format!("--output={out}"),
                 "--wrap",
-                &format!("srun -N2 {image_opt} sleep 300"),
+                &format!("srun -N2 {image_opt} sh -c 'echo task-started; exec sleep 300'"),
             ],
         )
         .ok();
@@ -57,6 +57,16 @@ fn nothing_is_left_after_steps_end() {
             .lines()
             .any(|l| l.trim().ends_with(".0"))),
         "step of job {job} never started"
+    );
+    // Both tasks run in their containers, so each node holds its image (a
+    // step listed by squeue may still be setting its container up).
+    assert!(
+        wait_for(Duration::from_secs(60), || std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .matches("task-started")
+            .count()
+            == 2),
+        "the tasks of job {job} never started"
     );
     // While the step runs, the detector sees its container (so it can fail).
     assert!(
