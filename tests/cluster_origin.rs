@@ -1,7 +1,9 @@
 //! Issue 18, second pass, on the real cluster: a cached private image is
 //! handed out only after its own registry lets the user read it (never a
 //! registry the requester names), and what a user leaves in their fan-out
-//! folder (a FUSE mount of a stopped daemon) never drains a node.
+//! folder (a FUSE mount of a stopped daemon) never drains a node. A cached
+//! image asked for through another registry that holds it runs once that
+//! registry served all of it.
 
 mod common;
 
@@ -73,6 +75,27 @@ fn credentials_dir(base: &Path, user: &str, text: &str) -> PathBuf {
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     dir
+}
+
+/// Copies `source` (read with `creds`) to `target` byte for byte, so the
+/// copy has the same manifest digest.
+fn copy_exactly(source: &str, target: &str, creds: &str) {
+    let copied = output_of(Command::new("skopeo").args([
+        "copy",
+        "-q",
+        "--preserve-digests",
+        "--src-tls-verify=false",
+        "--dest-tls-verify=false",
+        "--src-creds",
+        creds,
+        &format!("docker://{source}"),
+        &format!("docker://{target}"),
+    ]));
+    assert!(
+        copied.status.success(),
+        "skopeo copy {source} {target}: {}",
+        String::from_utf8_lossy(&copied.stderr)
+    );
 }
 
 /// Sets a fault-proxy rule (tests/harness/fault-proxy.py).
@@ -183,6 +206,52 @@ fn a_cached_private_image_is_not_handed_out_by_another_registry() {
             run.stderr
         );
     }
+    // A registry that serves the true manifest (anyone who saw it once may
+    // have its bytes) but not the private blobs proves nothing either: the
+    // same content under a repository of the anonymous registry, its blob
+    // requests answered 404 through the fault proxy.
+    let copy_repository = format!("evil/{}", unique("manifest-only"));
+    copy_exactly(
+        &format!("{token_registry}/{repository}@{digest}"),
+        &format!("{}/{copy_repository}:1", cluster.registry()),
+        &creds,
+    );
+    fault_rule(
+        &cluster,
+        serde_json::json!({
+            "repository": copy_repository,
+            "what": "blobs",
+            "fault": "status",
+            "status": 404,
+        }),
+    );
+    let manifest_only = format!(
+        "{}/{copy_repository}@{digest}",
+        cluster.var("BERTH_TEST_FAULT_PROXY")
+    );
+    let run = srun_as(
+        &cluster,
+        stranger,
+        &without,
+        &[
+            &[
+                "-N1",
+                "-w",
+                NODE,
+                &format!("--container-image={manifest_only}"),
+            ],
+            &task[..],
+        ]
+        .concat(),
+    )
+    .failed();
+    assert!(
+        !run.stdout.contains("ran=") && run.stderr.contains(&token_registry),
+        "the true manifest without the blobs handed out the cached private image:\n{}\n{}",
+        run.stdout,
+        run.stderr
+    );
+
     // Its owner, by its own name and digest: still runs.
     let pinned = format!("{token_registry}/{repository}@{digest}");
     let owner = srun_as(
@@ -337,5 +406,72 @@ fn srun_like_batch(cluster: &Cluster, script: &str) -> Run {
         stdout: std::fs::read_to_string(&out_path).unwrap_or_default(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned()
             + &String::from_utf8_lossy(&out.stdout),
+    }
+}
+
+/// An image cached from one registry, asked for by digest under another
+/// registry that holds the same image, while the first one is down (a
+/// registry that moved, a mirror named directly): it runs, as the user and
+/// as root, once the named registry served every blob; that registry is then
+/// recorded as an origin, so the next start asks no registry at all.
+#[test]
+fn a_cached_image_runs_through_another_registry_that_holds_it() {
+    let Some(cluster) = Cluster::get() else {
+        return;
+    };
+    let registry = cluster.registry();
+    let proxy = cluster.var("BERTH_TEST_FAULT_PROXY");
+    let log = cluster.var("BERTH_TEST_REGISTRY_LOG");
+    let task = ["sh", "-c", "echo ran=$BERTH_MOVED"];
+    for user in [TEST_USER, "root"] {
+        let repository = format!("moved/{}", unique("image"));
+        let digest = common::push_with_env(
+            &format!("{registry}/busybox:latest"),
+            &format!("BERTH_MOVED={}", unique("v")),
+            &format!("{registry}/{repository}:1"),
+            None,
+        );
+        let run = |image: &str| {
+            srun_as(
+                &cluster,
+                user,
+                &[],
+                &[
+                    &["-N1", "-w", NODE, &format!("--container-image={image}")],
+                    &task[..],
+                ]
+                .concat(),
+            )
+        };
+        // Cached through the fault proxy: its only recorded origin.
+        let first = run(&format!("{proxy}/{repository}@{digest}")).ok();
+        assert!(first.stdout.contains("ran="), "{user}: {}", first.stdout);
+        // That origin goes down.
+        fault_rule(
+            &cluster,
+            serde_json::json!({"repository": repository, "what": "any", "fault": "status", "status": 503}),
+        );
+        let direct = format!("{registry}/{repository}@{digest}");
+        let moved = run(&direct);
+        assert!(
+            moved.code == 0 && moved.stdout.contains("ran="),
+            "{user}: the image held by {registry} did not run while its first origin is down:\n{}\n{}",
+            moved.stdout,
+            moved.stderr
+        );
+        let requests = |log: &str| {
+            std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .matches(&format!(" /v2/{repository}/"))
+                .count()
+        };
+        let before = requests(&log);
+        let again = run(&direct).ok();
+        assert!(again.stdout.contains("ran="), "{user}: {}", again.stdout);
+        assert_eq!(
+            requests(&log),
+            before,
+            "{user}: the second start through {registry} asked the registry again"
+        );
     }
 }

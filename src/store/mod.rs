@@ -52,6 +52,7 @@ mod inspect;
 pub mod lease;
 mod origin;
 pub mod progress;
+mod proof;
 mod pull;
 mod remove;
 pub mod shared;

@@ -14,7 +14,7 @@ use super::board::Board;
 use super::catalog::LAST_USED;
 use super::fsutil::{sync_dir, write_synced, FileLock, TempEntry};
 use super::progress::{mb, LayerProgress, Progress};
-use super::{lease, origin, shared, ImageMeta, Store, StoredImage};
+use super::{lease, origin, proof, shared, ImageMeta, Store, StoredImage};
 use crate::image::writeback::start_writeback;
 use crate::image::{self, ImageConfig, Layer, SquashfsOptions, CONVERTER_VERSION};
 use crate::reference::ImageRef;
@@ -94,7 +94,7 @@ fn pull_unchecked(store: &Store, image: &ImageRef, options: &PullOptions) -> Res
     let digest = resolved.manifest_digest.clone();
     looked_up();
     if let Some(found) = store.load(&digest)? {
-        check_resolved_access(store, &client, image, &digest).map_err(private)?;
+        check_resolved_access(store, &client, image, &digest, &progress).map_err(private)?;
         progress.say(format!("{image} ({digest}) is already in the store"));
         store.touch_last_used(&digest);
         return Ok(with_reference(found, &resolved));
@@ -124,7 +124,7 @@ fn pull_unchecked(store: &Store, image: &ImageRef, options: &PullOptions) -> Res
         }
     };
     if let Some(found) = store.load(&digest)? {
-        check_resolved_access(store, &client, image, &digest).map_err(private)?;
+        check_resolved_access(store, &client, image, &digest, &progress).map_err(private)?;
         progress.say(format!("{image} ({digest}) was pulled meanwhile"));
         store.touch_last_used(&digest);
         return Ok(with_reference(found, &resolved));
@@ -358,10 +358,10 @@ fn pinned_in_store(
         return Ok(None);
     };
     if !origin::public_here(&meta, image) {
-        // Asked of the image's own origins, never of the name the requester
-        // gave: denied or unknown, the error says so and nothing from the
-        // store is handed out.
-        origin::check_access(client, &meta, image, &pinned)?;
+        // Asked of the image's own origins, never only of the name the
+        // requester gave: denied or unknown, the error says so and nothing
+        // from the store is handed out.
+        access_through_origins_or_proof(store, client, &meta, image, &pinned, progress)?;
     }
     progress.say(format!("{image} is already in the store"));
     store.touch_last_used(&digest);
@@ -381,6 +381,7 @@ fn check_resolved_access(
     client: &RegistryClient,
     image: &ImageRef,
     digest: &Digest,
+    progress: &Progress,
 ) -> Result<()> {
     let meta = store.read_meta(digest).with_context(|| {
         format!(
@@ -396,7 +397,36 @@ fn check_resolved_access(
     if meta.came_from(image) {
         return Ok(());
     }
-    origin::check_access(client, &meta, image, digest)
+    access_through_origins_or_proof(store, client, &meta, image, digest, progress)
+}
+
+/// One of the stored image's origins lets the caller read it; or, when
+/// `image` names a repository it did not come from, that repository serves
+/// every blob of it ([`proof`]). When both fail, the error is the origins'
+/// (it names the image's own registry), with the proof's failure beside it.
+fn access_through_origins_or_proof(
+    store: &Store,
+    client: &RegistryClient,
+    meta: &ImageMeta,
+    image: &ImageRef,
+    digest: &Digest,
+    progress: &Progress,
+) -> Result<()> {
+    let refused = match origin::check_access(client, meta, image, digest) {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
+    };
+    if meta.came_from(image) {
+        return Err(refused);
+    }
+    proof::prove_and_record(store, client, image, digest, progress).map_err(|not_proven| {
+        refused.context(format!(
+            "{digest} is in this node's store, but neither its own registry nor {} lets you \
+             read it ({}: {not_proven:#}); the store's copy is handed only to users one of them \
+             serves",
+            image.registry, image.registry
+        ))
+    })
 }
 
 /// Downloads the layers not yet in the store (top layer first, up to
