@@ -305,6 +305,7 @@ pub(super) fn save_request(spec: &ContainerSpec, overlay_dir: &Path, output: &Pa
         groups: spec.user.all_gids(),
         image_reader: spec.image_reader.clone(),
         sealed_image: spec.sealed_image,
+        config: spec.image_config.clone(),
     }
 }
 
@@ -642,6 +643,11 @@ fn save_root(spank: &Spank, request: &SaveRequest) -> Result<(), String> {
             request.output.display(),
             String::from_utf8_lossy(&output.stderr).trim()
         ));
+    }
+    for line in String::from_utf8_lossy(&output.stderr).lines() {
+        if let Some(note) = line.strip_prefix("berth: ") {
+            handle::log_user(note);
+        }
     }
     handle::log_info(&format!(
         "saved the container to {} on {node} in {:.1} s",
