@@ -87,7 +87,10 @@ fn files_others_can_write_or_that_are_links_are_not_used() {
         )
         .unwrap();
         std::fs::remove_file(d.join("environ.d/50-site.env")).unwrap();
-        std::os::unix::fs::symlink(d.join("enroot.conf"), d.join("environ.d/50-site.env")).unwrap();
+        // A link to a root-owned file root could read: still not followed.
+        write(&d.join("elsewhere.env"), "LINKED=1\n", 0o644);
+        std::os::unix::fs::symlink(d.join("elsewhere.env"), d.join("environ.d/50-site.env"))
+            .unwrap();
         std::fs::set_permissions(d.join("mounts.d"), std::fs::Permissions::from_mode(0o777))
             .unwrap();
         load(d)
