@@ -32,6 +32,15 @@ static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// variable, the working directory and `PATH`.
 const SHOW: &str = "echo ran=${BERTH_ENTRYPOINT_RAN-no} env=$BERTH_TEST_ENV pwd=$(pwd) path=$PATH";
 
+/// Removes a file when dropped, also after a failed assertion.
+struct Removed(PathBuf);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 fn first_node(cluster: &Cluster) -> String {
     cluster
         .var("BERTH_TEST_NODE_NAMES")
@@ -145,6 +154,7 @@ fn a_file_in_enroots_layout_runs_like_the_image_enroot_imported() {
     for who in BOTH {
         let tools = format!("/opt/tools-{who:?}-{}", std::process::id());
         let file = PathBuf::from(format!("{work}/enroot-{who:?}-{}.sqsh", std::process::id()));
+        let _gone = Removed(file.clone());
         enroot_layout_file(&file, &tools);
         give_to(who, &file);
         let image = file.to_str().unwrap();
@@ -164,7 +174,6 @@ fn a_file_in_enroots_layout_runs_like_the_image_enroot_imported() {
             .unwrap_or_else(|| panic!("{who:?}: no stored config.json naming {tools}"));
         assert_eq!(owner, uid_of(PULL_USER), "{config}");
         assert!(config.contains("org.example.label"), "{config}");
-        let _ = std::fs::remove_file(&file);
     }
 }
 
@@ -179,6 +188,7 @@ fn a_saved_container_keeps_env_workdir_and_entrypoint() {
     for who in BOTH {
         let file = format!("{work}/saved-{who:?}-{}.sqsh", std::process::id());
         let _ = std::fs::remove_file(&file);
+        let _gone = Removed(PathBuf::from(&file));
         let before = show(
             &cluster,
             who,
@@ -224,6 +234,5 @@ fn a_saved_container_keeps_env_workdir_and_entrypoint() {
                 && rc.contains("'berth-entrypoint' \"$@\""),
             "{who:?}: /etc/rc of the saved file:\n{rc}"
         );
-        let _ = std::fs::remove_file(&file);
     }
 }

@@ -68,6 +68,15 @@ fn replace_atomically(file: &Path, text: &str) {
     std::fs::rename(&temp, file).unwrap();
 }
 
+/// Removes a folder when dropped, also after a failed assertion.
+struct Removed(PathBuf);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 fn write(path: &Path, text: &str) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, text).unwrap();
@@ -133,12 +142,14 @@ fn an_enroot_site_folder_sets_defaults_mounts_and_variables() {
     let cluster = cluster_or_skip!();
     let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
     let dir = site_folder(&cluster);
+    let _dir_gone = Removed(dir.clone());
     let data = PathBuf::from(format!(
         "{}/site-data-{}",
         cluster.var("BERTH_TEST_WORKDIR"),
         std::process::id()
     ));
     std::fs::create_dir_all(&data).unwrap();
+    let _data_gone = Removed(data.clone());
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o777)).unwrap();
     let _line = SiteLine::set(&cluster, &dir);
     for who in BOTH {
@@ -204,8 +215,6 @@ fn an_enroot_site_folder_sets_defaults_mounts_and_variables() {
         "{line}"
     );
     assert!(line.contains("50-site.fstab:4: option x-move"), "{line}");
-    let _ = std::fs::remove_dir_all(&data);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -215,6 +224,7 @@ fn a_site_file_others_can_write_is_not_used() {
     let dir = Path::new(&cluster.var("BERTH_TEST_STATE_DIR"))
         .join(format!("enroot-site-open-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    let _dir_gone = Removed(dir.clone());
     write(&dir.join("enroot.conf"), "ENROOT_REMAP_ROOT no\n");
     let drop_in = dir.join("enroot.conf.d/90-open.conf");
     write(&drop_in, "ENROOT_REMAP_ROOT yes\n");
@@ -229,5 +239,4 @@ fn a_site_file_others_can_write_is_not_used() {
             "{who:?}: a drop-in others can write must not remap root"
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
