@@ -58,7 +58,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("checks", &["doctor"]),
     ("node work", &["named", "fanout", "puller"]),
     ("helpers", &["helper"]),
-    ("config", &["config"]),
+    ("config", &["config", "enroot_site"]),
     ("containers", &["container", "inject"]),
     ("images", &["store", "image"]),
     ("registry", &["registry"]),

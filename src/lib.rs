@@ -11,6 +11,7 @@
 pub mod config;
 pub mod container;
 pub mod doctor;
+pub mod enroot_site;
 pub mod fanout;
 pub mod helper;
 pub mod image;

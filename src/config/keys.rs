@@ -199,6 +199,12 @@ pub const KEYS: &[Key] = &[
         "per-container runtime state (records of running named containers)",
     ),
     key(
+        "enroot_config_path",
+        Kind::Path(|c, v| c.enroot_config_path = v),
+        "/etc/enroot",
+        "enroot's site configuration read where present (enroot.conf defaults, mounts.d, environ.d)",
+    ),
+    key(
         "helper_path",
         Kind::Path(|c, v| c.helper_path = v),
         "/usr/bin/berth",

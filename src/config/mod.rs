@@ -43,6 +43,9 @@ pub struct Config {
     pub runtime_dir: PathBuf,
     /// The `berth` binary the plugin runs for pulls and container setup.
     pub helper_path: PathBuf,
+    /// enroot's site configuration folder, read where present
+    /// ([`crate::enroot_site`]).
+    pub enroot_config_path: PathBuf,
     /// Registries (`host[:port]`) reached over plain HTTP instead of HTTPS.
     pub insecure_registries: Vec<String>,
     /// Run the image ENTRYPOINT by default (pyxis: `execute_entrypoint`).
@@ -215,6 +218,7 @@ impl Default for Config {
         Config {
             store_path: PathBuf::from(DEFAULT_STORE),
             runtime_dir: PathBuf::from(DEFAULT_RUNTIME_DIR),
+            enroot_config_path: PathBuf::from("/etc/enroot"),
             helper_path: default_helper(),
             insecure_registries: Vec::new(),
             execute_entrypoint: false,

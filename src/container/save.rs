@@ -10,11 +10,18 @@
 //! mapping undone, so the saved image is root's like any other. The output is created and renamed into place with the
 //! user's ids, so the user's own permissions decide where it may go; root
 //! only reads. Everything mounted vanishes with the helper.
+//!
+//! The image configuration travels in the file: a top layer of root's own
+//! (on the helper's tmpfs) adds berth's JSON and enroot's `/etc/environment`
+//! and `/etc/rc` ([`crate::image::carried`]), so the saved file runs like
+//! the image under berth and under enroot. That layer's `/`, `/etc` and
+//! `/.berth` copy the container's owner, mode and times, so nothing else
+//! changes.
 
 use std::ffi::OsString;
-use std::fs::{File, OpenOptions};
+use std::fs::{File, FileTimes, OpenOptions};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -26,7 +33,9 @@ use crate::container::idmap::{IdSwap, MappingNamespace};
 use crate::container::loopdev::LoopDevice;
 use crate::container::mounts;
 use crate::container::spec::UserIdentity;
+use crate::image::carried;
 use crate::image::squashfs::SquashfsOptions;
+use crate::image::ImageConfig;
 use crate::seal::SealedFile;
 
 /// The first argument that makes the `berth` binary run [`save_main`].
@@ -58,6 +67,9 @@ pub struct SaveRequest {
     /// `ContainerSpec::sealed_image`); a store image is read only sealed.
     #[serde(default)]
     pub sealed_image: Option<SealedFile>,
+    /// The image's configuration, written into the saved file.
+    #[serde(default)]
+    pub config: ImageConfig,
 }
 
 /// Checks, as the calling user, that `output` can be written: an absolute
@@ -134,8 +146,10 @@ pub fn save(request: &SaveRequest) -> Result<()> {
     mounts::mount_tmpfs(staging)?;
     let lower = staging.join("lower");
     let mapped_upper = staging.join("upper");
+    let merged = staging.join("merged");
+    let config_layer = staging.join("config");
     let root = staging.join("root");
-    for dir in [&lower, &mapped_upper, &root] {
+    for dir in [&lower, &mapped_upper, &merged, &config_layer, &root] {
         std::fs::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     {
@@ -165,7 +179,11 @@ pub fn save(request: &SaveRequest) -> Result<()> {
         }
         None => &request.upper,
     };
-    mounts::mount_overlay_read_only(&[upper, &lower], &root)?;
+    mounts::mount_overlay_read_only(&[upper, &lower], &merged)?;
+    for note in write_config_layer(&request.config, &merged, &config_layer)? {
+        eprintln!("berth: --container-save: {note}");
+    }
+    mounts::mount_overlay_read_only(&[&config_layer, upper, &lower], &root)?;
 
     let temp = temp_path(&request.output);
     let file = as_user(request, || {
@@ -191,6 +209,65 @@ pub fn save(request: &SaveRequest) -> Result<()> {
         let _ = as_user(request, || std::fs::remove_file(&temp));
     }
     placed
+}
+
+/// Writes into `layer` (root's, empty) the files that carry `config`
+/// ([`carried::files`]), as a layer over the container's tree `merged`:
+/// the layer's `/` and each folder it makes copy owner, mode and times of
+/// that folder in `merged`. A file whose folder is no folder in `merged` (a
+/// symlink the user made) is left out, with a note. Returns the notes.
+fn write_config_layer(config: &ImageConfig, merged: &Path, layer: &Path) -> Result<Vec<String>> {
+    let (files, mut notes) = carried::files(config);
+    copy_folder_metadata(merged, layer)?;
+    for file in files {
+        let inside = Path::new(file.path.trim_start_matches('/'));
+        let folder = inside.parent().unwrap_or(Path::new(""));
+        let target = layer.join(inside);
+        if !folder.as_os_str().is_empty() && !layer.join(folder).is_dir() {
+            match std::fs::symlink_metadata(merged.join(folder)) {
+                Ok(meta) if meta.is_dir() => {
+                    std::fs::create_dir(layer.join(folder))?;
+                    copy_folder_metadata(&merged.join(folder), &layer.join(folder))?;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    std::fs::create_dir(layer.join(folder))?;
+                }
+                _ => {
+                    notes.push(format!(
+                        "/{} is no folder in the container: {} left out of the saved image",
+                        folder.display(),
+                        file.path
+                    ));
+                    continue;
+                }
+            }
+        }
+        let mut out = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&target)
+            .with_context(|| format!("cannot create {}", target.display()))?;
+        std::io::Write::write_all(&mut out, &file.bytes)
+            .with_context(|| format!("cannot write {}", target.display()))?;
+    }
+    Ok(notes)
+}
+
+/// Gives the folder `to` the owner, mode and times of the folder `from`.
+fn copy_folder_metadata(from: &Path, to: &Path) -> Result<()> {
+    let meta = std::fs::symlink_metadata(from)
+        .with_context(|| format!("cannot look at {}", from.display()))?;
+    std::os::unix::fs::chown(to, Some(meta.uid()), Some(meta.gid()))
+        .with_context(|| format!("cannot set the owner of {}", to.display()))?;
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(meta.mode() & 0o7777))
+        .with_context(|| format!("cannot set the mode of {}", to.display()))?;
+    let times = FileTimes::new()
+        .set_accessed(meta.accessed()?)
+        .set_modified(meta.modified()?);
+    File::open(to)
+        .and_then(|dir| dir.set_times(times))
+        .with_context(|| format!("cannot set the times of {}", to.display()))
 }
 
 /// The id swap the container's upper folder was written with (see

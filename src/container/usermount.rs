@@ -243,7 +243,8 @@ fn parse_mount_entry(entry: &str) -> Result<UserMount, MountSpecError> {
 }
 
 /// Applies one FLAGS word to `mount`; false when it is not valid there.
-fn apply_flag(mount: &mut UserMount, flag: &str) -> bool {
+/// (Also the options of enroot's `mounts.d` lines that mean the same.)
+pub(crate) fn apply_flag(mount: &mut UserMount, flag: &str) -> bool {
     let mut propagate = |propagation, recursive| {
         mount.flags.propagation = Some(propagation);
         mount.flags.recursive_propagation = recursive;

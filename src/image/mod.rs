@@ -1,13 +1,15 @@
-//! Image content: the image configuration, and layers flattened into one
-//! squashfs file.
+//! Image content: the image configuration (also as a squashfs file carries
+//! it in its root: [`carried`]), and layers flattened into one squashfs file.
 //!
 //! Owns: reading layer tars (never onto the host file system), whiteouts and
 //! hard links, running tar2sqfs. Must not talk to registries or know the
 //! store's layout: callers hand in [`Layer`]s and a destination path.
 
+pub mod carried;
 pub mod config;
 pub mod flatten;
 pub mod layer;
+pub mod shellwords;
 pub mod squashfs;
 pub mod writeback;
 

@@ -28,6 +28,11 @@ use crate::store::StoredImage;
 /// The folder of the entries, in the store root.
 const FOLDER: &str = "userfiles";
 
+/// The first part of every entry name: bumped when imports answer
+/// differently for the same file (2: the image configuration the file
+/// carries), so that older answers are no longer found.
+const STAMP_VERSION: &str = "2";
+
 /// The most bytes of an entry read.
 const MAX_ENTRY_BYTES: u64 = 64 << 10;
 
@@ -40,7 +45,7 @@ impl FileStamp {
     pub fn of(file: &File) -> Option<FileStamp> {
         let m = file.metadata().ok()?;
         Some(FileStamp(format!(
-            "{:x}-{:x}-{:x}-{}.{:09}-{}.{:09}",
+            "{STAMP_VERSION}-{:x}-{:x}-{:x}-{}.{:09}-{}.{:09}",
             m.dev(),
             m.ino(),
             m.size(),

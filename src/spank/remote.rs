@@ -305,6 +305,7 @@ pub(super) fn save_request(spec: &ContainerSpec, overlay_dir: &Path, output: &Pa
         groups: spec.user.all_gids(),
         image_reader: spec.image_reader.clone(),
         sealed_image: spec.sealed_image,
+        config: spec.image_config.clone(),
     }
 }
 
@@ -367,7 +368,17 @@ pub(super) fn build_spec(
             Some(crate::puller::PullUser::lookup(&ctx.config.pull_user)?.identity());
         spec.sealed_image = hold.and_then(ImageHold::sealed);
     }
-    spec.mounts = mounts;
+    // enroot's site configuration: defaults, site mounts first, variables.
+    let site = crate::enroot_site::EnrootSite::load(
+        &ctx.config.enroot_config_path,
+        &|name| job_var(&ctx.job_env, name).map(str::to_string),
+        &|path| path.exists(),
+    );
+    if let Some(line) = site.summary(&ctx.config.enroot_config_path) {
+        handle::log_info(&format!("job {} step {}: {line}", ctx.job, ctx.step));
+    }
+    spec.mounts = site.mounts.into_iter().chain(mounts).collect();
+    spec.image_config.env.extend(site.env);
     spec.workdir = options.workdir.clone();
     spec.extra_binds = super::pmi_dirs::PmiDirs {
         job_env: &ctx.job_env,
@@ -385,20 +396,20 @@ pub(super) fn build_spec(
         spec.extra_binds
             .push(super::task_prolog::container_bind(prolog, &ctx.node_state)?);
     }
-    spec.writable = options.writable.unwrap_or(true);
-    spec.mount_home = options.mount_home.unwrap_or(false);
-    spec.remap_root = options.remap_root.unwrap_or(false);
+    let defaults = site.defaults;
+    spec.writable = options
+        .writable
+        .or(defaults.rootfs_writable)
+        .unwrap_or(true);
+    spec.mount_home = options.mount_home.or(defaults.mount_home).unwrap_or(false);
+    spec.remap_root = options.remap_root.or(defaults.remap_root).unwrap_or(false);
     if let Some(list) = &options.unshare {
         spec.unshare =
             Namespace::parse_list(list).map_err(|e| format!("--container-unshare={list}: {e}"))?;
     }
     let request = crate::inject::Request {
         mpi: options.mpi.clone(),
-        gpus: crate::inject::gpu::step_gpus(|name| {
-            ctx.job_env
-                .iter()
-                .find_map(|e| e.strip_prefix(name)?.strip_prefix('='))
-        }),
+        gpus: crate::inject::gpu::step_gpus(|name| job_var(&ctx.job_env, name)),
         cdi_devices: Vec::new(),
     };
     let image = options.image.as_deref().unwrap_or("of the named container");
@@ -419,6 +430,12 @@ pub(super) fn build_spec(
         spec.entrypoint = entrypoint_run(&stored.config, &ctx.job_env, &keep_job_env(options)?);
     }
     Ok(spec)
+}
+
+/// The value of `name` in the job environment `env` (`NAME=VALUE` entries).
+fn job_var<'a>(env: &'a [String], name: &str) -> Option<&'a str> {
+    env.iter()
+        .find_map(|e| e.strip_prefix(name)?.strip_prefix('='))
 }
 
 /// Shows the holder's warnings (an image that could not be idmapped) on
@@ -642,6 +659,11 @@ fn save_root(spank: &Spank, request: &SaveRequest) -> Result<(), String> {
             request.output.display(),
             String::from_utf8_lossy(&output.stderr).trim()
         ));
+    }
+    for line in String::from_utf8_lossy(&output.stderr).lines() {
+        if let Some(note) = line.strip_prefix("berth: ") {
+            handle::log_user(note);
+        }
     }
     handle::log_info(&format!(
         "saved the container to {} on {node} in {:.1} s",

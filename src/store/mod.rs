@@ -526,10 +526,12 @@ impl Store {
         }))
     }
 
-    /// A squashfs file given by path, as an image with a default config, after
-    /// checking that it is a squashfs file. Opened by the caller's identity,
-    /// non-blocking (a FIFO cannot stall the open), checked as
-    /// [`Store::squashfs_file_from`] does.
+    /// A squashfs file given by path, after checking that it is a squashfs
+    /// file. Opened by the caller's identity, non-blocking (a FIFO cannot
+    /// stall the open), checked as [`Store::squashfs_file_from`] does. Its
+    /// config is the one it carries ([`crate::image::carried`]), read as
+    /// the caller unless that is root (root never parses a user's bytes:
+    /// root's callers re-pack the file through the pull user instead).
     pub fn open_squashfs_file(path: &Path) -> Result<StoredImage> {
         let mut file = fs::OpenOptions::new()
             .read(true)
@@ -541,7 +543,15 @@ impl Store {
                     path.display()
                 )
             })?;
-        Store::squashfs_file_from(path, &mut file)
+        let mut image = Store::squashfs_file_from(path, &mut file)?;
+        if !nix::unistd::geteuid().is_root() {
+            let carried = userfile::read_carried_config(&image.squashfs);
+            if !carried.notes.is_empty() {
+                eprintln!("berth: {}: {}", path.display(), carried.notes.join("; "));
+            }
+            image.config = carried.config.unwrap_or_default();
+        }
+        Ok(image)
     }
 
     /// The squashfs file `path` that the caller has opened as `file`: what
@@ -566,7 +576,7 @@ impl Store {
         if n < 4 || &magic != SQUASHFS_MAGIC {
             bail!(
                 "{} is not a squashfs image (it does not start with the squashfs magic 'hsqs'); \
-                 give a squashfs file (e.g. made by `berth export` or `enroot import`) or an \
+                 give a squashfs file (e.g. made by `--container-save` or `enroot import`) or an \
                  image reference",
                 path.display()
             );

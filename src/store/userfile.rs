@@ -13,6 +13,11 @@
 //! as the pull user) turns the copy into a tar stream, and the store's layer
 //! conversion turns that into `image.sqfs`, published like a pulled image
 //! with `meta.json` saying it came from a file ([`ImageMeta::user_file`]).
+//!
+//! The image configuration the file carries in its root (berth's JSON of a
+//! `--container-save`, or enroot's `/etc/environment` and `/etc/rc`: see
+//! [`image::carried`]) is read from the copy with `rdsquashfs --cat`, also
+//! as the pull user, and stored as the image's `config.json`.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Read, Seek, SeekFrom};
@@ -25,15 +30,22 @@ use anyhow::{bail, Context, Result};
 use super::catalog::LAST_USED;
 use super::fsutil::{sync_dir, write_synced, FileLock, TempEntry};
 use super::{ImageMeta, Store, StoredImage};
-use crate::image::{self, ImageConfig, Layer, SquashfsOptions, CONVERTER_VERSION};
+use crate::image::{self, Layer, SquashfsOptions, CONVERTER_VERSION};
 use crate::registry::digest::HashingWriter;
 use crate::registry::Digest;
 
 /// The squashfs-to-tar tool of squashfs-tools-ng.
 const SQFS2TAR: &str = "sqfs2tar";
 
-/// The label hashed with a file's digest into its image key.
-const KEY_LABEL: &str = "berth user squashfs file v1";
+/// The squashfs reader of squashfs-tools-ng (for single files).
+const RDSQUASHFS: &str = "rdsquashfs";
+
+/// The label hashed with a file's digest into its image key (v2: the
+/// image configuration the file carries is read).
+const KEY_LABEL: &str = "berth user squashfs file v2";
+
+/// The most bytes of one carried configuration file read.
+const MAX_CARRIED_BYTES: usize = 1 << 20;
 
 /// The most bytes of sqfs2tar's stderr kept for an error message.
 const MAX_TOOL_STDERR: u64 = 16 << 10;
@@ -78,6 +90,10 @@ impl Store {
             ..SquashfsOptions::default()
         };
         let copy_path = copy_entry.path().to_path_buf();
+        let carried = read_carried_config(&copy_path);
+        if !carried.notes.is_empty() {
+            eprintln!("berth: {name}: {}", carried.notes.join("; "));
+        }
         let label = name.to_string();
         let layer = Layer::from_opener(name, move || {
             ToolTar::start(&copy_path, &label).map(|t| Box::new(t) as Box<dyn Read + Send>)
@@ -85,8 +101,8 @@ impl Store {
         let stats = image::convert(&[layer], &sqfs, &options).with_context(|| {
             format!(
                 "cannot import {name}: it is not a squashfs image berth can read (truncated, \
-                 corrupt, or made by an unsupported tool); make it again (`berth export`, \
-                 `enroot export`) or give an image reference"
+                 corrupt, or made by an unsupported tool); make it again (`--container-save`, \
+                 `enroot import`, `enroot export`) or give an image reference"
             )
         })?;
         drop(copy_entry);
@@ -110,7 +126,7 @@ impl Store {
         };
         write_synced(
             &staging.path().join("config.json"),
-            &serde_json::to_vec_pretty(&ImageConfig::default())?,
+            &serde_json::to_vec_pretty(&carried.config.unwrap_or_default())?,
         )?;
         write_synced(
             &staging.path().join("meta.json"),
@@ -119,13 +135,50 @@ impl Store {
         write_synced(&staging.path().join(LAST_USED), b"")?;
         sync_dir(staging.path())?;
         super::pull::publish(self, staging, &key)?;
+        let config_from = match carried.source {
+            Some(path) => format!("with the image configuration of its {path}"),
+            None => "with no image configuration in it (defaults)".to_string(),
+        };
         eprintln!(
-            "berth: imported {name} ({} MB) as {key}",
+            "berth: imported {name} ({} MB) as {key}, {config_from}",
             stats.image_size >> 20
         );
         self.load(&key)?
             .with_context(|| format!("the import of {name} vanished from the store"))
     }
+}
+
+/// The image configuration the squashfs file at `path` carries in its root
+/// ([`image::carried`]). Reads a user's bytes: run as the pull user or as
+/// the user, never as root.
+pub fn read_carried_config(path: &Path) -> image::carried::Found {
+    image::carried::read(|inside| cat_file(path, inside))
+}
+
+/// The bytes of the regular file `inside` of the squashfs file at `path`
+/// (at most [`MAX_CARRIED_BYTES`]); `None` when it is missing, no regular
+/// file, larger, or the tool fails.
+fn cat_file(path: &Path, inside: &str) -> Option<Vec<u8>> {
+    let mut child = Command::new(RDSQUASHFS)
+        .arg("--cat")
+        .arg(inside)
+        .arg(path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let mut bytes = Vec::new();
+    let read = child.stdout.take().map(|out| {
+        out.take(MAX_CARRIED_BYTES as u64 + 1)
+            .read_to_end(&mut bytes)
+    });
+    let whole = matches!(read, Some(Ok(_))) && bytes.len() <= MAX_CARRIED_BYTES;
+    if !whole {
+        let _ = child.kill();
+    }
+    let status = child.wait().ok()?;
+    (whole && status.success()).then_some(bytes)
 }
 
 /// Reads `file` from its start to its end into `out`, hashing: the digest,
@@ -225,6 +278,7 @@ impl Drop for ToolTar {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::image::ImageConfig;
 
     #[test]
     fn keys_of_user_files_are_no_digest_of_the_bytes() {
@@ -258,6 +312,79 @@ mod tests {
         };
         assert_eq!(left("images"), 0);
         assert_eq!(left("tmp"), 0);
+    }
+
+    /// A squashfs file in `dir` whose root carries berth's JSON naming
+    /// `/carried`, and enroot's files naming `/enroot`; `None` without
+    /// gensquashfs.
+    fn carrying_file(dir: &Path, with_berths: bool) -> Option<std::path::PathBuf> {
+        let root = dir.join("root");
+        std::fs::create_dir_all(root.join(".berth")).unwrap();
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        if with_berths {
+            std::fs::write(
+                root.join(".berth/image-config.json"),
+                br#"{"config":{"Env":["PATH=/carried/bin"],"WorkingDir":"/carried"}}"#,
+            )
+            .unwrap();
+        }
+        std::fs::write(root.join("etc/environment"), b"PATH=/enroot/bin\n").unwrap();
+        std::fs::write(
+            root.join("etc/rc"),
+            b"cd \"/enroot\" && unset OLDPWD || exit 1\nexec '/e' \"$@\"\nexec '/e' 'c'\n",
+        )
+        .unwrap();
+        let file = dir.join(format!("carrying-{with_berths}.sqfs"));
+        let made = Command::new("gensquashfs")
+            .arg("--pack-dir")
+            .arg(&root)
+            .args(["--quiet", "--force"])
+            .arg(&file)
+            .status()
+            .ok()?
+            .success();
+        std::fs::remove_dir_all(&root).unwrap();
+        made.then_some(file)
+    }
+
+    #[test]
+    fn an_import_keeps_the_config_the_file_carries() {
+        let dir = tempfile::tempdir().unwrap();
+        let (Some(file), Some(())) = (carrying_file(dir.path(), false), which_sqfs2tar()) else {
+            assert!(std::env::var_os("BERTH_REQUIRE_CLUSTER").is_none());
+            return;
+        };
+        let found = read_carried_config(&file);
+        assert_eq!(found.source, Some(image::carried::ENROOT_RC));
+        let store = Store::open(dir.path().join("store")).unwrap();
+        let stored = store
+            .import_user_file(File::open(&file).unwrap(), "/home/u/x.sqsh", 1 << 30)
+            .unwrap();
+        assert_eq!(stored.config.env, ["PATH=/enroot/bin"]);
+        assert_eq!(stored.config.working_dir.as_deref(), Some("/enroot"));
+        assert_eq!(stored.config.entrypoint, Some(vec!["/e".to_string()]));
+        assert_eq!(stored.config.cmd, Some(vec!["c".to_string()]));
+    }
+
+    #[test]
+    fn root_never_reads_the_config_of_a_file_used_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let Some(file) = carrying_file(dir.path(), true) else {
+            assert!(std::env::var_os("BERTH_REQUIRE_CLUSTER").is_none());
+            return;
+        };
+        assert_eq!(
+            read_carried_config(&file).source,
+            Some(image::carried::BERTH_CONFIG)
+        );
+        let image = Store::open_squashfs_file(&file).unwrap();
+        if nix::unistd::geteuid().is_root() {
+            // Root's callers re-pack the file through the pull user instead.
+            assert_eq!(image.config, ImageConfig::default());
+        } else {
+            assert_eq!(image.config.env, ["PATH=/carried/bin"]);
+            assert_eq!(image.config.working_dir.as_deref(), Some("/carried"));
+        }
     }
 
     fn which_sqfs2tar() -> Option<()> {

@@ -1,0 +1,160 @@
+//! `enroot.conf` and `enroot.conf.d/*.conf`: `NAME VALUE` (or `NAME=VALUE`)
+//! lines, of which enroot takes the names `ENROOT_*`, `MELLANOX_*`,
+//! `NVIDIA_*`, `SSL_CERT_DIR`, `SSL_CERT_FILE` and the proxy variables; a
+//! later file wins. berth takes the defaults pyxis users see
+//! ([`Defaults`]); every other name set is listed as not used.
+
+/// The container defaults of a site's enroot configuration; `None`: not set
+/// there (berth's own default applies). An option on the job wins.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Defaults {
+    /// `ENROOT_MOUNT_HOME`: `--container-mount-home`.
+    pub mount_home: Option<bool>,
+    /// `ENROOT_REMAP_ROOT`: `--container-remap-root`.
+    pub remap_root: Option<bool>,
+    /// `ENROOT_ROOTFS_WRITABLE`: `--container-writable` (or `--container-readonly`).
+    pub rootfs_writable: Option<bool>,
+}
+
+/// Reads one configuration file's `text` into `defaults`; the names set
+/// that berth does not use go to `unused` (once each), values it cannot
+/// take as written to `notes`.
+pub fn parse(
+    text: &str,
+    defaults: &mut Defaults,
+    unused: &mut Vec<String>,
+    notes: &mut Vec<String>,
+) {
+    for line in text.lines() {
+        let line = line.trim_start_matches([' ', '\t']);
+        let end = line.find([' ', '\t', '=']).unwrap_or(line.len());
+        let (name, rest) = line.split_at(end);
+        if !is_enroot_name(name) {
+            continue;
+        }
+        let value = unquote(rest.trim_start_matches([' ', '\t', '=']).trim_end());
+        if value.contains(['$', '`']) {
+            notes.push(format!(
+                "{name}: berth does not evaluate shell text ({value})"
+            ));
+        }
+        let slot = match name {
+            "ENROOT_MOUNT_HOME" => &mut defaults.mount_home,
+            "ENROOT_REMAP_ROOT" => &mut defaults.remap_root,
+            "ENROOT_ROOTFS_WRITABLE" => &mut defaults.rootfs_writable,
+            _ => {
+                if !unused.iter().any(|n| n == name) {
+                    unused.push(name.to_string());
+                }
+                continue;
+            }
+        };
+        *slot = Some(enroot_true(value));
+    }
+}
+
+/// The names enroot takes from its configuration files.
+fn is_enroot_name(name: &str) -> bool {
+    let upper_tail =
+        |tail: &str| !tail.is_empty() && tail.chars().all(|c| c.is_ascii_uppercase() || c == '_');
+    name.strip_prefix("ENROOT_").is_some_and(upper_tail)
+        || name.starts_with("MELLANOX_")
+        || name.starts_with("NVIDIA_")
+        || matches!(
+            name,
+            "SSL_CERT_DIR"
+                | "SSL_CERT_FILE"
+                | "all_proxy"
+                | "no_proxy"
+                | "http_proxy"
+                | "https_proxy"
+        )
+}
+
+/// Whether enroot counts `value` as set: everything but the empty text and
+/// `n`, `no`, `N`, `No`, `NO`, `f`, `false`, `F`, `False`, `FALSE`.
+fn enroot_true(value: &str) -> bool {
+    !matches!(
+        value,
+        "" | "n" | "no" | "N" | "No" | "NO" | "f" | "false" | "F" | "False" | "FALSE"
+    )
+}
+
+/// `value` without one pair of surrounding quotes.
+fn unquote(value: &str) -> &str {
+    for quote in ['"', '\''] {
+        if let Some(inner) = value
+            .strip_prefix(quote)
+            .and_then(|v| v.strip_suffix(quote))
+        {
+            return inner;
+        }
+    }
+    value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_defaults_as_enroot_does() {
+        let text = "# enroot.conf of a site\n\
+                    #ENROOT_REMAP_ROOT yes\n\
+                    ENROOT_MOUNT_HOME        yes\n\
+                    ENROOT_ROOTFS_WRITABLE=\"no\"\n\
+                    ENROOT_SQUASH_OPTIONS    -comp lzo -noD\n\
+                    ENROOT_CACHE_PATH ${HOME}/.cache\n\
+                    MELLANOX_VISIBLE_DEVICES all\n\
+                    OTHER_NAME 1\n";
+        let (mut defaults, mut unused, mut notes) = (Defaults::default(), vec![], vec![]);
+        parse(text, &mut defaults, &mut unused, &mut notes);
+        assert_eq!(
+            defaults,
+            Defaults {
+                mount_home: Some(true),
+                remap_root: None,
+                rootfs_writable: Some(false),
+            }
+        );
+        assert_eq!(
+            unused,
+            [
+                "ENROOT_SQUASH_OPTIONS",
+                "ENROOT_CACHE_PATH",
+                "MELLANOX_VISIBLE_DEVICES"
+            ]
+        );
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].starts_with("ENROOT_CACHE_PATH"), "{notes:?}");
+    }
+
+    #[test]
+    fn a_later_file_wins_and_false_is_enroots_false() {
+        let mut defaults = Defaults::default();
+        let (mut unused, mut notes) = (vec![], vec![]);
+        parse(
+            "ENROOT_REMAP_ROOT y\n",
+            &mut defaults,
+            &mut unused,
+            &mut notes,
+        );
+        assert_eq!(defaults.remap_root, Some(true));
+        for off in ["n", "No", "FALSE", "f", "''"] {
+            parse(
+                &format!("ENROOT_REMAP_ROOT {off}\n"),
+                &mut defaults,
+                &mut unused,
+                &mut notes,
+            );
+            assert_eq!(defaults.remap_root, Some(false), "{off}");
+        }
+        parse(
+            "ENROOT_REMAP_ROOT 1\n",
+            &mut defaults,
+            &mut unused,
+            &mut notes,
+        );
+        assert_eq!(defaults.remap_root, Some(true));
+    }
+}

@@ -1,0 +1,242 @@
+//! enroot's site configuration read as it is (issue 14, point 3): a folder
+//! laid out like `/etc/enroot` (enroot.conf defaults, a drop-in, mounts.d
+//! with enroot's stock system lines and site binds, environ.d), named by
+//! `enroot_config_path` on the plugstack line, changes the containers of
+//! the real test cluster as it changes pyxis's, as root and as the
+//! ordinary test user; the job's options still win, and a file others can
+//! write is not used.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use common::{Cluster, Submitter, BOTH};
+
+macro_rules! cluster_or_skip {
+    () => {
+        match Cluster::get() {
+            Some(cluster) => cluster,
+            None => return,
+        }
+    };
+}
+
+/// One test at a time: each changes the plugstack line.
+static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// What each step prints: its uid inside, the site's variables, whether
+/// `/` is writable, whether the site tmpfs is mounted; and it writes a file
+/// through the site's read-write bind.
+const REPORT: &str = "echo uid=$(id -u) var=$SITE_VAR job=$SITE_JOB; \
+     echo site-bind > /site-data/from-$SITE_WHO; \
+     if touch /berth-rootfile 2>/dev/null; then echo root=writable; else echo root=readonly; fi; \
+     grep -c ' /site-tmp ' /proc/self/mounts | sed 's/^/tmpfs=/'; \
+     test -e /maybe && echo maybe=there || echo maybe=absent";
+
+/// The plugstack line with `enroot_config_path=DIR` until dropped.
+struct SiteLine {
+    file: PathBuf,
+    original: String,
+}
+
+impl SiteLine {
+    fn set(cluster: &Cluster, dir: &Path) -> SiteLine {
+        let file = Path::new(&cluster.var("BERTH_TEST_PLUGSTACK_DIR")).join("berth.conf");
+        let original = std::fs::read_to_string(&file).unwrap();
+        let line = format!(
+            "{} enroot_config_path={}\n",
+            original.trim_end(),
+            dir.display()
+        );
+        replace_atomically(&file, &line);
+        SiteLine { file, original }
+    }
+}
+
+impl Drop for SiteLine {
+    fn drop(&mut self) {
+        replace_atomically(&self.file, &self.original);
+    }
+}
+
+/// Writes `text` to `file` through a rename: Slurm never reads half a line.
+fn replace_atomically(file: &Path, text: &str) {
+    let temp = file.with_extension("conf-new");
+    std::fs::write(&temp, text).unwrap();
+    std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::rename(&temp, file).unwrap();
+}
+
+/// Removes a folder when dropped, also after a failed assertion.
+struct Removed(PathBuf);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+}
+
+/// A site folder (root's, in the cluster's state folder) as a pyxis site
+/// has it; its site bind's source is `data`.
+fn site_folder(cluster: &Cluster) -> PathBuf {
+    let dir = Path::new(&cluster.var("BERTH_TEST_STATE_DIR"))
+        .join(format!("enroot-site-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    write(
+        &dir.join("enroot.conf"),
+        "#ENROOT_MOUNT_HOME no\nENROOT_REMAP_ROOT yes\nENROOT_ROOTFS_WRITABLE no\n\
+         ENROOT_SQUASH_OPTIONS -comp lzo -noD\n",
+    );
+    write(
+        &dir.join("mounts.d/10-system.fstab"),
+        "/proc /proc none x-create=dir,rbind,rw,nosuid,nodev,noexec,rslave 0 -1\n\
+         tmpfs /tmp tmpfs x-create=dir,rw,nosuid,nodev,mode=755,slave 0 -1\n\
+         /etc/hosts /etc/hosts none x-create=file,bind,ro,nosuid,nodev,noexec,private 0 -1\n",
+    );
+    write(
+        &dir.join("mounts.d/50-site.fstab"),
+        "${SITE_DATA} /site-data none x-create=dir,bind,rw,nosuid 0 0\n\
+         /nonexistent-berth-site /maybe none x-create=dir,bind,nofail\n\
+         tmpfs /site-tmp tmpfs x-create=dir,rw,mode=1777\n\
+         /data /moved none x-move\n",
+    );
+    write(
+        &dir.join("environ.d/50-site.env"),
+        "SITE_VAR=\"from-environ-d\"\nSITE_JOB=${SITE_JOBVAR}\n",
+    );
+    dir
+}
+
+fn uid_of(who: Submitter) -> String {
+    match who {
+        Submitter::Root => "0".into(),
+        Submitter::User => common::tool("id", &["-u", common::TEST_USER]),
+    }
+}
+
+/// Runs REPORT in busybox as `who` with `extra` options.
+fn report(cluster: &Cluster, who: Submitter, data: &Path, extra: &[&str]) -> common::Run {
+    let image = format!("--container-image={}", cluster.image("busybox:latest"));
+    let mut args = vec!["-N1", image.as_str()];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["sh", "-c", REPORT]);
+    let data = data.to_str().unwrap();
+    let who_name = format!("{who:?}");
+    let env = [
+        ("SITE_DATA", data),
+        ("SITE_JOBVAR", "from-the-job"),
+        ("SITE_WHO", who_name.as_str()),
+    ];
+    cluster.slurm_env(who, "srun", &args, &env)
+}
+
+#[test]
+fn an_enroot_site_folder_sets_defaults_mounts_and_variables() {
+    let cluster = cluster_or_skip!();
+    let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = site_folder(&cluster);
+    let _dir_gone = Removed(dir.clone());
+    let data = PathBuf::from(format!(
+        "{}/site-data-{}",
+        cluster.var("BERTH_TEST_WORKDIR"),
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&data).unwrap();
+    let _data_gone = Removed(data.clone());
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let _line = SiteLine::set(&cluster, &dir);
+    for who in BOTH {
+        let run = report(&cluster, who, &data, &[]).ok();
+        let lines: Vec<&str> = run.stdout.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "uid=0 var=from-environ-d job=from-the-job",
+                "root=readonly",
+                "tmpfs=1",
+                "maybe=absent"
+            ],
+            "{who:?}: the site's defaults, mounts and variables\n{}",
+            run.stderr
+        );
+        // Written through the read-write bind, as the user.
+        let written = data.join(format!("from-{who:?}"));
+        assert_eq!(std::fs::read_to_string(&written).unwrap(), "site-bind\n");
+        let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&written).unwrap());
+        assert_eq!(owner.to_string(), uid_of(who), "{who:?}: the file's owner");
+        // The job's options win over the site's defaults.
+        let run = report(
+            &cluster,
+            who,
+            &data,
+            &["--no-container-remap-root", "--container-writable"],
+        )
+        .ok();
+        let first = run.stdout.lines().next().unwrap_or_default().to_string();
+        assert_eq!(
+            first,
+            format!("uid={} var=from-environ-d job=from-the-job", uid_of(who))
+        );
+        assert!(
+            run.stdout.contains("root=writable"),
+            "{who:?}\n{}",
+            run.stdout
+        );
+    }
+    // What berth leaves out is named in one line of the node's log.
+    let logs: String = ["node1", "node2"]
+        .iter()
+        .filter_map(|n| {
+            std::fs::read_to_string(format!(
+                "{}/slurmd-{n}.log",
+                cluster.var("BERTH_TEST_LOG_DIR")
+            ))
+            .ok()
+        })
+        .collect();
+    let line = logs
+        .lines()
+        .rev()
+        .find(|l| l.contains(&dir.display().to_string()))
+        .unwrap_or_else(|| panic!("no log line naming {}", dir.display()));
+    assert!(
+        line.contains("not used by berth: ENROOT_SQUASH_OPTIONS"),
+        "{line}"
+    );
+    assert!(
+        line.contains("mounts berth makes itself: /proc, /tmp, /etc/hosts"),
+        "{line}"
+    );
+    assert!(line.contains("50-site.fstab:4: option x-move"), "{line}");
+}
+
+#[test]
+fn a_site_file_others_can_write_is_not_used() {
+    let cluster = cluster_or_skip!();
+    let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = Path::new(&cluster.var("BERTH_TEST_STATE_DIR"))
+        .join(format!("enroot-site-open-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let _dir_gone = Removed(dir.clone());
+    write(&dir.join("enroot.conf"), "ENROOT_REMAP_ROOT no\n");
+    let drop_in = dir.join("enroot.conf.d/90-open.conf");
+    write(&drop_in, "ENROOT_REMAP_ROOT yes\n");
+    std::fs::set_permissions(&drop_in, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let _line = SiteLine::set(&cluster, &dir);
+    let image = format!("--container-image={}", cluster.image("busybox:latest"));
+    for who in BOTH {
+        let run = cluster.srun(who, &["-N1", &image, "id", "-u"]).ok();
+        assert_eq!(
+            run.stdout.trim(),
+            uid_of(who),
+            "{who:?}: a drop-in others can write must not remap root"
+        );
+    }
+}
