@@ -49,7 +49,17 @@ fn pull(job: &PullJob, credentials: &[u8]) -> PullReply {
         PullReply::Error(HelperError { kind, message })
     };
     let source = match ImageSource::parse(&job.image) {
-        Ok(source) => source,
+        // The pull user fetches from registries only: it never opens a
+        // user's path nor asks a user's container engine.
+        Ok(source @ ImageSource::Registry(_)) => source,
+        Ok(_) => {
+            return fail(
+                ErrorKind::Request,
+                "the pull helper takes registry images only (files and local engines' images \
+                 come through `berth __import`)"
+                    .to_string(),
+            )
+        }
         Err(e) => return fail(ErrorKind::Request, format!("{e:#}")),
     };
     let progress = if job.progress_lines {
