@@ -1,5 +1,7 @@
 //! Images of a local container engine (`dockerd://IMAGE`, `podman://IMAGE`)
-//! for a step: the engine is asked as the job's user, with their groups (so
+//! for a step: the engine is asked as the job's user, with their groups
+//! (`no_new_privs` for docker; not for podman, whose rootless mode execs the
+//! set-user-id `newuidmap` as in any of the user's tasks) (so
 //! their right to the Docker socket, or their own podman storage, decides),
 //! by its client's `save` verb; what it writes goes through a pipe straight
 //! to `berth __import`, which runs as the pull user and converts the archive
@@ -13,7 +15,7 @@ use std::process::{Command, Stdio};
 
 use super::import::run_helper;
 use super::{layout, ImportRequest, PullUser, Requester};
-use crate::reference::DaemonImage;
+use crate::reference::{DaemonImage, Engine};
 use crate::store::StoredImage;
 
 /// The job's variables that say which engine to reach and where the user's
@@ -28,6 +30,7 @@ const ENGINE_VARIABLES: &[&str] = &[
     "XDG_RUNTIME_DIR",
     "XDG_CONFIG_HOME",
     "XDG_DATA_HOME",
+    "XDG_CACHE_HOME",
 ];
 
 /// The most bytes of the client's stderr kept for a message.
@@ -69,7 +72,19 @@ pub fn import_daemon(
             command.env(name, value);
         }
     }
-    crate::privilege::run_as_user(&mut command, user.uid, user.gid, user.all_gids());
+    match source.engine {
+        Engine::Docker => {
+            crate::privilege::run_as_user(&mut command, user.uid, user.gid, user.all_gids())
+        }
+        // Rootless podman maps the user's subordinate ids with the node's
+        // set-user-id newuidmap, as it does in any of their tasks.
+        Engine::Podman => crate::privilege::run_as_user_with_setuid_helpers(
+            &mut command,
+            user.uid,
+            user.gid,
+            user.all_gids(),
+        ),
+    }
     let mut client = crate::privilege::with_root(|| command.spawn()).map_err(|e| {
         format!(
             "cannot run `{program} save` as {} for {source} (is {program} installed on this \

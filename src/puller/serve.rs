@@ -80,3 +80,33 @@ fn pull(job: &PullJob, credentials: &[u8]) -> PullReply {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pull_user_takes_registry_images_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("x.tar");
+        std::fs::write(&file, b"any").unwrap();
+        for image in [file.display().to_string(), "dockerd://busybox".to_string()] {
+            let job = PullJob {
+                image: image.clone(),
+                store: dir.path().join("store"),
+                cached_only: false,
+                progress_lines: false,
+                settings: crate::helper::PullSettings::from_config(
+                    &crate::config::Config::default(),
+                ),
+            };
+            match pull(&job, b"") {
+                PullReply::Error(e) => {
+                    assert_eq!(e.kind, ErrorKind::Request, "{image}");
+                    assert!(e.message.contains("registry images only"), "{}", e.message);
+                }
+                _ => panic!("{image}: the pull helper took it"),
+            }
+        }
+    }
+}
