@@ -30,11 +30,13 @@ TEST_USER=berthuser
 # podman_conf WHO: writes the podman settings of WHO (root or berthuser)
 # below $PODMAN_DIR/WHO: storage.conf (graph and run roots), containers.conf
 # (podman's tmp folder: where rootless podman records its pause process),
-# config/, data/ and cache/ for the XDG_* folders; podman.env names
+# config/, data/, cache/ and runtime/ for the XDG_* folders (nothing in
+# the user's home or /tmp); podman.env names
 # them, as a job passes them (CONTAINERS_* and XDG_* reach the client).
 podman_conf() {
     local who=$1 dir=$PODMAN_DIR/$1
-    mkdir -p "$dir/config" "$dir/data" "$dir/cache" "$dir/tmp"
+    mkdir -p "$dir/config" "$dir/data" "$dir/cache" "$dir/tmp" "$dir/runtime"
+    chmod 0700 "$dir/runtime"
     cat >"$dir/storage.conf" <<CONF
 [storage]
 driver = "vfs"
@@ -51,6 +53,7 @@ CONTAINERS_CONF=$dir/containers.conf
 XDG_CONFIG_HOME=$dir/config
 XDG_DATA_HOME=$dir/data
 XDG_CACHE_HOME=$dir/cache
+XDG_RUNTIME_DIR=$dir/runtime
 CONF
     [[ $who == root ]] || chown -R "$who:" "$dir"
 }
