@@ -66,6 +66,25 @@ pub fn run_as_full_root(command: &mut Command) {
 /// slurmstepd's `user_init` (real uid 0, effective uid the job's user) and
 /// from a root process.
 pub fn run_as_user(command: &mut Command, uid: u32, gid: u32, groups: Vec<u32>) {
+    switch_user(command, uid, gid, groups, true);
+}
+
+/// Like [`run_as_user`] but without `no_new_privs`: for a program of the
+/// user's own that, as in any of their job's tasks, may exec the node's
+/// set-user-id helpers (rootless podman maps the user's subordinate ids
+/// with `newuidmap`/`newgidmap`). Gives the child nothing the user's own
+/// tasks do not have.
+pub fn run_as_user_with_setuid_helpers(
+    command: &mut Command,
+    uid: u32,
+    gid: u32,
+    groups: Vec<u32>,
+) {
+    switch_user(command, uid, gid, groups, false);
+}
+
+/// [`run_as_user`], with or without `no_new_privs`.
+fn switch_user(command: &mut Command, uid: u32, gid: u32, groups: Vec<u32>, no_new_privs: bool) {
     // SAFETY: the closure makes raw system calls only (async-signal-safe, no
     // allocation: `groups` was allocated before the fork); in the child of a
     // fork there is one thread, so per-thread set*id is the whole process.
@@ -89,7 +108,7 @@ pub fn run_as_user(command: &mut Command, uid: u32, gid: u32, groups: Vec<u32>) 
             {
                 return Err(std::io::Error::from_raw_os_error(libc::EPERM));
             }
-            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            if no_new_privs && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                 return fail();
             }
             libc::umask(0o022);

@@ -5,12 +5,19 @@
 //! - `registry.example:5000/ns/image:tag` (docker style: the first path part is a
 //!   registry only if it contains `.` or `:` or is `localhost`),
 //! - either of those behind a `docker://` prefix,
-//! - a path to a squashfs file, starting with `/` or `.`.
+//! - a path to a file, starting with `/` or `.`: a squashfs image, or a
+//!   docker or OCI archive (a tar, told apart by its first bytes),
+//! - `dockerd://IMAGE[:TAG]` or `podman://IMAGE[:TAG]`: an image of a local
+//!   engine ([`daemon`]).
 //!
 //! Docker Hub defaults apply: `ubuntu` is `docker.io/library/ubuntu:latest`.
 
 use std::fmt;
 use std::path::PathBuf;
+
+pub mod daemon;
+
+pub use daemon::{DaemonImage, Engine};
 
 /// The registry name users write for Docker Hub.
 pub const DOCKER_HUB: &str = "docker.io";
@@ -22,8 +29,10 @@ pub const DOCKER_HUB_API_HOST: &str = "registry-1.docker.io";
 pub enum ImageSource {
     /// An image in an OCI/Docker registry.
     Registry(ImageRef),
-    /// A squashfs file already on disk.
+    /// A file on disk: a squashfs image, or a docker or OCI archive.
     SquashfsFile(PathBuf),
+    /// An image kept by a local engine (`dockerd://`, `podman://`).
+    Daemon(DaemonImage),
 }
 
 /// A parsed registry image reference.
@@ -55,7 +64,8 @@ impl fmt::Display for ReferenceError {
         write!(
             f,
             "invalid image reference '{}': {} (expected [REGISTRY#]IMAGE[:TAG][@DIGEST], \
-             REGISTRY/IMAGE[:TAG], or a path to a squashfs file starting with / or .)",
+             REGISTRY/IMAGE[:TAG], dockerd://IMAGE[:TAG], podman://IMAGE[:TAG], or a path to \
+             a squashfs or archive file starting with / or .)",
             self.input.escape_debug(),
             self.reason
         )
@@ -79,6 +89,9 @@ impl ImageSource {
         }
         if input.starts_with('/') || input.starts_with('.') {
             return Ok(ImageSource::SquashfsFile(PathBuf::from(input)));
+        }
+        if let Some(daemon) = DaemonImage::parse(input) {
+            return daemon.map(ImageSource::Daemon).map_err(|e| fail(&e));
         }
         ImageRef::parse(input).map(ImageSource::Registry)
     }
@@ -222,6 +235,7 @@ impl fmt::Display for ImageSource {
         match self {
             ImageSource::Registry(r) => r.fmt(f),
             ImageSource::SquashfsFile(p) => write!(f, "{}", p.display()),
+            ImageSource::Daemon(d) => d.fmt(f),
         }
     }
 }
@@ -420,6 +434,19 @@ mod tests {
             ImageSource::parse("./img.sqsh").unwrap(),
             ImageSource::SquashfsFile(_)
         ));
+    }
+
+    #[test]
+    fn local_engines() {
+        assert!(matches!(
+            ImageSource::parse("dockerd://ubuntu:24.04").unwrap(),
+            ImageSource::Daemon(DaemonImage {
+                engine: Engine::Docker,
+                ..
+            })
+        ));
+        let e = ImageSource::parse("podman://-x").unwrap_err().to_string();
+        assert!(e.contains("cannot start with '-'"), "{e}");
     }
 
     #[test]

@@ -52,6 +52,7 @@ export BERTH_PLUGSTACK_LINE
     tests/harness/images.sh build
     tests/harness/images.sh push
     tests/harness/entrypoint-images.sh
+    tests/harness/engines.sh up
     echo "up: source /run/$BERTH_TEST_NAME/env for SLURM_CONF; tests/dev.sh $slot test --test NAME"
     ;;
 install)
@@ -63,6 +64,7 @@ test)
     cargo test --release --locked "$@"
     ;;
 down)
+    tests/harness/engines.sh down || true
     tests/harness/cluster.sh down || true
     tests/harness/registry.sh down || true
     ;;

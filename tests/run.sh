@@ -83,6 +83,7 @@ teardown() {
         log "leaving the cluster running (BERTH_KEEP_CLUSTER=1); stop it with:"
         log "  BERTH_TEST_NAME=$BERTH_TEST_NAME tests/harness/cluster.sh down; BERTH_TEST_NAME=$BERTH_TEST_NAME tests/harness/registry.sh down"
     else
+        "$REPO"/tests/harness/engines.sh down >/dev/null 2>&1 || true
         "$REPO"/tests/harness/cluster.sh down >/dev/null 2>&1 || true
         "$REPO"/tests/harness/registry.sh down >/dev/null 2>&1 || true
     fi
@@ -98,6 +99,7 @@ tests/harness/cluster.sh up
 tests/harness/images.sh build
 tests/harness/images.sh push
 tests/harness/entrypoint-images.sh
+tests/harness/engines.sh up
 
 export BERTH_TEST_ENV=/run/$BERTH_TEST_NAME/env
 export BERTH_REQUIRE_CLUSTER=1
@@ -128,7 +130,7 @@ cargo build --release --locked --examples
 cargo test --release --locked --no-run --test package --test cluster_leftovers --test cluster_shared --test cluster_gpu
 cargo test --release --locked --no-fail-fast --lib --bins --test container_runtime --test container_join \
     --test store_cli --test cli --test cluster --test cluster_entry --test cluster_named --test umoci_equivalence --test fuzz_smoke --test security --test doctor \
-    --test cluster_mpi --test gpu_inject --test cluster_pull --test cluster_fanout --test cluster_pin --test cluster_faults --test cluster_private --test cluster_site --test cluster_shapes --test cluster_origin --test cluster_ipc --test security_mounts --test security_ldconfig --test security_store --test cluster_apt --test cluster_join --test cluster_relative_mounts --test cluster_userfile --test cluster_carried --test cluster_enroot_site -- --test-threads=2
+    --test cluster_mpi --test gpu_inject --test cluster_pull --test cluster_fanout --test cluster_pin --test cluster_faults --test cluster_private --test cluster_site --test cluster_shapes --test cluster_origin --test cluster_ipc --test security_mounts --test security_ldconfig --test security_store --test cluster_apt --test cluster_join --test cluster_relative_mounts --test cluster_userfile --test cluster_carried --test cluster_enroot_site --test cluster_archive -- --test-threads=2
 log "shared store (alone: it points the drop-in at a shared store)"
 cargo test --release --locked --test cluster_shared
 log "Debian package: two versions, installed and upgraded under a running job (alone: it switches the drop-in)"

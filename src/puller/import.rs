@@ -1,4 +1,5 @@
-//! Re-packing a user's squashfs file into the node store as the pull user
+//! Re-packing a user's file (a squashfs image or an archive) into the node
+//! store as the pull user
 //! ([`import_file`], root's side) and serving that request (`berth
 //! __import`, [`serve_import`], the pull user's side). See
 //! [`crate::helper::import`] for the request and `crate::store` for the
@@ -6,7 +7,8 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::unix::fs::FileTypeExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
@@ -46,7 +48,6 @@ pub fn import_file(
     let pull_user = PullUser::lookup(request.pull_user)?;
     crate::privilege::with_root(|| layout::prepare_store(request.store, &pull_user))
         .map_err(|e| format!("{e:#}"))?;
-    let name = request.name.display().to_string();
     // A file imported before, unchanged since: its copy, without reading it.
     let stamp = match request.shared {
         None => import_cache::FileStamp::of(file),
@@ -58,7 +59,24 @@ pub fn import_file(
     {
         return Ok(stored);
     }
-    let fd = file.as_raw_fd();
+    let stored = run_helper(request, &pull_user, file.as_raw_fd(), show)?;
+    // Recorded only when the file did not change while it was imported.
+    if let Some(stamp) = stamp.filter(|s| import_cache::FileStamp::of(file).as_ref() == Some(s)) {
+        crate::privilege::with_root(|| import_cache::record(request.store, &stamp, &stored));
+    }
+    Ok(stored)
+}
+
+/// Runs `berth __import` as the pull user on the descriptor `fd` (a user's
+/// file, or the read end of a pipe from their engine's `save`), which it
+/// inherits; checks that the image it answers lies in the store.
+pub(super) fn run_helper(
+    request: &ImportRequest,
+    pull_user: &PullUser,
+    fd: RawFd,
+    show: &dyn Fn(&str),
+) -> Result<StoredImage, String> {
+    let name = request.name.display().to_string();
     let job = ImportJob {
         store: request.store.to_path_buf(),
         name: name.clone(),
@@ -130,10 +148,6 @@ pub fn import_file(
             request.store.display()
         ));
     }
-    // Recorded only when the file did not change while it was imported.
-    if let Some(stamp) = stamp.filter(|s| import_cache::FileStamp::of(file).as_ref() == Some(s)) {
-        crate::privilege::with_root(|| import_cache::record(request.store, &stamp, &stored));
-    }
     Ok(stored)
 }
 
@@ -176,15 +190,18 @@ fn import(job: &ImportJob) -> PullReply {
     // SAFETY: the descriptor was left open for this process by its parent
     // for this one use; nothing else here owns or closes it.
     let file = unsafe { File::from_raw_fd(job.file_fd) };
-    match file.metadata() {
-        Ok(meta) if meta.is_file() => {}
+    // A regular file is a user's file; a pipe carries what the user's
+    // container engine saved (only root hands descriptors to this helper).
+    let stream = match file.metadata() {
+        Ok(meta) if meta.is_file() => false,
+        Ok(meta) if meta.file_type().is_fifo() => true,
         _ => {
             return fail(format!(
-                "{}: the descriptor given is not a regular file",
+                "{}: the descriptor given is neither a regular file nor a pipe",
                 job.name
             ))
         }
-    }
+    };
     let store = match job.shared {
         Some((lease, wait)) => Store::open_shared(
             &job.store,
@@ -195,7 +212,11 @@ fn import(job: &ImportJob) -> PullReply {
         ),
         None => Store::open(&job.store),
     };
-    match store.and_then(|s| s.import_user_file(file, &job.name, job.max_image_size)) {
+    let imported = store.and_then(|s| match stream {
+        true => s.import_user_stream(file, &job.name, job.max_image_size),
+        false => s.import_user_file(file, &job.name, job.max_image_size),
+    });
+    match imported {
         Ok(stored) => PullReply::Ok(Box::new(stored)),
         Err(e) => fail(format!("{e:#}")),
     }

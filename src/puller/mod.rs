@@ -15,9 +15,12 @@
 //! 4. its one reply line is the stored image, or an error.
 //!
 //! [`import_file`] is the other entry point: a squashfs file a user gave,
-//! re-packed into the store by `berth __import` as the pull user.
+//! re-packed into the store by `berth __import` as the pull user;
+//! [`import_daemon`] feeds the same helper what a local container engine
+//! saves, asked as the job's user ([`daemon`]).
 
 pub mod creds;
+pub mod daemon;
 pub mod identity;
 pub mod import;
 mod import_cache;
@@ -26,6 +29,7 @@ mod run;
 pub mod serve;
 
 pub use creds::{hosts_for, CredentialSet};
+pub use daemon::import_daemon;
 pub use identity::PullUser;
 pub use import::{import_file, ImportRequest};
 pub use layout::{check_reachable, content_owner, prepare_store, CONTENT_DIRS, ROOT_MODE};

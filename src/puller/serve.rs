@@ -49,7 +49,17 @@ fn pull(job: &PullJob, credentials: &[u8]) -> PullReply {
         PullReply::Error(HelperError { kind, message })
     };
     let source = match ImageSource::parse(&job.image) {
-        Ok(source) => source,
+        // The pull user fetches from registries only: it never opens a
+        // user's path nor asks a user's container engine.
+        Ok(source @ ImageSource::Registry(_)) => source,
+        Ok(_) => {
+            return fail(
+                ErrorKind::Request,
+                "the pull helper takes registry images only (files and local engines' images \
+                 come through `berth __import`)"
+                    .to_string(),
+            )
+        }
         Err(e) => return fail(ErrorKind::Request, format!("{e:#}")),
     };
     let progress = if job.progress_lines {
@@ -68,5 +78,35 @@ fn pull(job: &PullJob, credentials: &[u8]) -> PullReply {
             Some(missing) => PullReply::NotInStore(missing.manifest_digest.clone()),
             None => fail(ErrorKind::of(&e), format!("{e:#}")),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pull_user_takes_registry_images_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("x.tar");
+        std::fs::write(&file, b"any").unwrap();
+        for image in [file.display().to_string(), "dockerd://busybox".to_string()] {
+            let job = PullJob {
+                image: image.clone(),
+                store: dir.path().join("store"),
+                cached_only: false,
+                progress_lines: false,
+                settings: crate::helper::PullSettings::from_config(
+                    &crate::config::Config::default(),
+                ),
+            };
+            match pull(&job, b"") {
+                PullReply::Error(e) => {
+                    assert_eq!(e.kind, ErrorKind::Request, "{image}");
+                    assert!(e.message.contains("registry images only"), "{}", e.message);
+                }
+                _ => panic!("{image}: the pull helper took it"),
+            }
+        }
     }
 }

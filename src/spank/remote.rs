@@ -800,6 +800,30 @@ fn user_squashfs(
     crate::puller::import_file(&request, &file, &show)
 }
 
+/// An image of a local container engine, saved as the user and converted
+/// by the pull user ([`crate::puller::import_daemon`]).
+fn daemon_image(
+    config: &Config,
+    store: &Path,
+    source: &crate::reference::DaemonImage,
+    requester: &Requester,
+) -> Result<StoredImage, String> {
+    let name = PathBuf::from(source.to_string());
+    let request = crate::puller::ImportRequest {
+        helper: &config.helper_path,
+        store,
+        pull_user: &config.pull_user,
+        name: &name,
+        max_image_size: config.max_image_size,
+        shared: PullSettings::from_config(config).shared,
+    };
+    let node = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let show = |line: &str| handle::log_user(&format!("{node}: {line}"));
+    crate::puller::import_daemon(&request, source, requester, &show)
+}
+
 /// `path` without `.` and `..` components (taken lexically; `/..` is `/`).
 fn lexically_normal(path: &Path) -> PathBuf {
     use std::path::Component;
@@ -828,6 +852,10 @@ pub(super) fn run_pull(
     let reference = match ImageSource::parse(image).map_err(|e| format!("{e:#}"))? {
         ImageSource::SquashfsFile(path) => {
             return user_squashfs(config, store, &path, requester.user)
+                .map(|stored| Answer::Stored(Box::new(stored)))
+        }
+        ImageSource::Daemon(source) => {
+            return daemon_image(config, store, &source, requester)
                 .map(|stored| Answer::Stored(Box::new(stored)))
         }
         ImageSource::Registry(reference) => reference,

@@ -41,6 +41,7 @@
 //! other stored image is handed out only after one of the repositories it
 //! was downloaded from serves its manifest to the caller ([`origin`]).
 
+mod archive;
 mod board;
 mod catalog;
 mod files;
@@ -56,11 +57,11 @@ mod proof;
 mod pull;
 mod remove;
 pub mod shared;
+mod toolstream;
 pub mod units;
 mod userfile;
 
 use std::fs;
-use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -569,15 +570,14 @@ impl Store {
                 path.display()
             );
         }
-        let mut magic = [0u8; 4];
-        let n = file
-            .read(&mut magic)
+        let head = file_head(file)
             .with_context(|| format!("cannot read squashfs image {}", path.display()))?;
-        if n < 4 || &magic != SQUASHFS_MAGIC {
+        if !head.starts_with(SQUASHFS_MAGIC) && !archive::is_tar(&head) {
             bail!(
-                "{} is not a squashfs image (it does not start with the squashfs magic 'hsqs'); \
-                 give a squashfs file (e.g. made by `--container-save` or `enroot import`) or an \
-                 image reference",
+                "{} is not a squashfs image (it does not start with the squashfs magic 'hsqs') \
+                 nor a tar archive (a docker or OCI archive); give a squashfs file (e.g. made by \
+                 `--container-save` or `enroot import`), an archive (`docker save`, `skopeo copy ... \
+                 oci-archive:FILE`) or an image reference",
                 path.display()
             );
         }
@@ -593,8 +593,10 @@ impl Store {
     }
 }
 
-/// What the CLI and the plugin call: a registry image is pulled into the store
-/// at `store_root`; a squashfs file is checked and used in place.
+/// What the CLI calls as its caller: a registry image is pulled into the
+/// store at `store_root`; a squashfs file is checked and used in place; an
+/// archive file, or a local engine's image (saved by the caller's own
+/// `docker`/`podman`), is converted into the store.
 pub fn pull_image(
     store_root: &Path,
     source: &ImageSource,
@@ -605,8 +607,53 @@ pub fn pull_image(
             Some(settings) => Store::open_shared(store_root, settings)?.pull(image, options),
             None => Store::open(store_root)?.pull(image, options),
         },
-        ImageSource::SquashfsFile(path) => Store::open_squashfs_file(path),
+        ImageSource::SquashfsFile(path) => {
+            let image = Store::open_squashfs_file(path)?;
+            let file = fs::File::open(&image.squashfs)
+                .with_context(|| format!("cannot open {}", path.display()))?;
+            if !archive::is_tar(&file_head(&file)?) {
+                return Ok(image);
+            }
+            // An archive is converted by its user, into their own store.
+            let store = match options.shared {
+                Some(settings) => Store::open_shared(store_root, settings)?,
+                None => Store::open(store_root)?,
+            };
+            store.import_user_file(file, &path.display().to_string(), options.max_image_bytes)
+        }
+        ImageSource::Daemon(source) => {
+            // The caller's own engine, asked as the caller.
+            let engine = source.engine;
+            let mut command = std::process::Command::new(engine.program());
+            command.args(engine.save_args(&source.image));
+            let stream = toolstream::ToolStream::start(
+                command,
+                &format!("{} save of {source}", engine.program()),
+                engine.program(),
+            )?;
+            Store::open(store_root)?.import_user_stream(
+                stream,
+                &source.to_string(),
+                options.max_image_bytes,
+            )
+        }
     }
+}
+
+/// The first 512 bytes of `file` (fewer for a shorter file), read without
+/// moving its offset: enough for the squashfs magic and a tar header.
+pub fn file_head(file: &fs::File) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut head = vec![0u8; 512];
+    let mut filled = 0;
+    while filled < head.len() {
+        match file.read_at(&mut head[filled..], filled as u64)? {
+            0 => break,
+            n => filled += n,
+        }
+    }
+    head.truncate(filled);
+    Ok(head)
 }
 
 #[cfg(test)]

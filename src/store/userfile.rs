@@ -1,7 +1,9 @@
-//! Squashfs files that users give (`--container-image=/path/x.sqsh`, a
-//! `--container-save` output given back): re-packed once into the store, so
-//! that the kernel's squashfs driver only ever parses bytes berth's own
-//! converter wrote ([`Store::import_user_file`]).
+//! Files that users give (`--container-image=/path/x.sqsh`, a
+//! `--container-save` output given back, a docker or OCI archive `x.tar`,
+//! what `docker save` / `podman save` wrote for `dockerd://` / `podman://`):
+//! re-packed once into the store, so that the kernel's squashfs driver only
+//! ever parses bytes berth's own converter wrote ([`Store::import_user_file`],
+//! [`Store::import_user_stream`]).
 //!
 //! The caller (the pull helper, as the pull user) holds a descriptor of the
 //! user's file and cannot open the file by path. The bytes are hashed; the
@@ -13,23 +15,28 @@
 //! as the pull user) turns the copy into a tar stream, and the store's layer
 //! conversion turns that into `image.sqfs`, published like a pulled image
 //! with `meta.json` saying it came from a file ([`ImageMeta::user_file`]).
+//! An archive (a tar, by its first bytes) is read by [`super::archive`]
+//! instead: its layers go through the same conversion, and its image
+//! configuration (Env, WorkingDir, Entrypoint, Cmd) is kept in `config.json`.
 //!
-//! The image configuration the file carries in its root (berth's JSON of a
-//! `--container-save`, or enroot's `/etc/environment` and `/etc/rc`: see
-//! [`image::carried`]) is read from the copy with `rdsquashfs --cat`, also
-//! as the pull user, and stored as the image's `config.json`.
+//! The image configuration a squashfs file carries in its root (berth's
+//! JSON of a `--container-save`, or enroot's `/etc/environment` and
+//! `/etc/rc`: see [`image::carried`]) is read from the copy with
+//! `rdsquashfs --cat`, also as the pull user, and stored as the image's
+//! `config.json`.
 
 use std::fs::File;
-use std::io::{self, BufWriter, Read, Seek, SeekFrom};
+use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::Path;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 
 use super::catalog::LAST_USED;
 use super::fsutil::{sync_dir, write_synced, FileLock, TempEntry};
-use super::{ImageMeta, Store, StoredImage};
+use super::toolstream::ToolStream;
+use super::{archive, ImageMeta, Store, StoredImage, SQUASHFS_MAGIC};
 use crate::image::{self, Layer, SquashfsOptions, CONVERTER_VERSION};
 use crate::registry::digest::HashingWriter;
 use crate::registry::Digest;
@@ -40,15 +47,16 @@ const SQFS2TAR: &str = "sqfs2tar";
 /// The squashfs reader of squashfs-tools-ng (for single files).
 const RDSQUASHFS: &str = "rdsquashfs";
 
-/// The label hashed with a file's digest into its image key (v2: the
-/// image configuration the file carries is read).
+/// The label hashed with a file's digest into its image key (squashfs
+/// images and archives alike: one file's bytes are one or the other; v2:
+/// the image configuration a squashfs file carries is read).
 const KEY_LABEL: &str = "berth user squashfs file v2";
 
 /// The most bytes of one carried configuration file read.
 const MAX_CARRIED_BYTES: usize = 1 << 20;
 
-/// The most bytes of sqfs2tar's stderr kept for an error message.
-const MAX_TOOL_STDERR: u64 = 16 << 10;
+/// What to install for [`SQFS2TAR`].
+const SQFS2TAR_PACKAGE: &str = "squashfs-tools-ng";
 
 /// The store key of a user's file whose bytes have the sha256 `file`:
 /// sha256 of a label and that digest, which no registry manifest has.
@@ -57,10 +65,10 @@ pub fn user_file_key(file: &Digest) -> Digest {
 }
 
 impl Store {
-    /// Re-packs the user's squashfs file open as `file` (named `name` in
-    /// messages) into the store, once: returns the stored copy. A file that
-    /// is not a readable squashfs fails with a message naming `name`, and
-    /// leaves the store as it was.
+    /// Re-packs the user's file open as `file` (named `name` in messages):
+    /// a squashfs image or a docker/OCI archive, into the store, once:
+    /// returns the stored copy. A file that is neither fails with a message
+    /// naming `name`, and leaves the store as it was.
     pub fn import_user_file(
         &self,
         mut file: File,
@@ -69,10 +77,7 @@ impl Store {
     ) -> Result<StoredImage> {
         let file_digest = hash_from_start(&mut file, name, io::sink())?.0;
         let key = user_file_key(&file_digest);
-        let lock_path = self.locks_dir().join(format!("{}.lock", key.hex()));
-        let _lock = FileLock::exclusive(&lock_path, || {
-            eprintln!("berth: waiting for another import of {name}")
-        })?;
+        let _lock = self.import_lock(&key, name)?;
         if let Some(found) = self.load(&key)? {
             self.touch_last_used(&key);
             return Ok(found);
@@ -83,29 +88,109 @@ impl Store {
         if copied != file_digest {
             bail!("{name} changed while berth imported it: start the job again once it is written");
         }
+        self.convert_copy(&copy_entry, &key, &file_digest, size, name, max_image_bytes)
+    }
+
+    /// Like [`Store::import_user_file`] for an archive read once from
+    /// `stream` (what `docker save` or `podman save` wrote), at most
+    /// `max_image_bytes` of it: copied into `tmp/` first, then imported
+    /// under the key of the copy's bytes.
+    pub fn import_user_stream(
+        &self,
+        stream: impl Read,
+        name: &str,
+        max_image_bytes: u64,
+    ) -> Result<StoredImage> {
+        eprintln!("berth: importing {name} into the image store");
+        let (copy_entry, copy) = TempEntry::file(&self.tmp_dir(), "stream")?;
+        let mut hasher = HashingWriter::new(BufWriter::new(copy));
+        io::copy(&mut stream.take(max_image_bytes + 1), &mut hasher)
+            .with_context(|| format!("cannot read {name}"))?;
+        let (file_digest, size, mut out) = hasher.finish();
+        out.flush()
+            .with_context(|| format!("cannot copy {name} into the image store"))?;
+        drop(out);
+        if size > max_image_bytes {
+            bail!(
+                "{name} is larger than max_image_size ({max_image_bytes} bytes): berth refuses \
+                 it (ask your admin to raise max_image_size)"
+            );
+        }
+        let key = user_file_key(&file_digest);
+        let _lock = self.import_lock(&key, name)?;
+        if let Some(found) = self.load(&key)? {
+            self.touch_last_used(&key);
+            return Ok(found);
+        }
+        self.convert_copy(&copy_entry, &key, &file_digest, size, name, max_image_bytes)
+    }
+
+    /// The lock that one import of `key` holds.
+    fn import_lock(&self, key: &Digest, name: &str) -> Result<FileLock> {
+        let lock_path = self.locks_dir().join(format!("{}.lock", key.hex()));
+        FileLock::exclusive(&lock_path, || {
+            eprintln!("berth: waiting for another import of {name}")
+        })
+    }
+
+    /// Converts the copy in `copy` (a squashfs image or an archive, told by
+    /// its first bytes) into `image.sqfs` and publishes it under `key`.
+    fn convert_copy(
+        &self,
+        copy: &TempEntry,
+        key: &Digest,
+        file_digest: &Digest,
+        size: u64,
+        name: &str,
+        max_image_bytes: u64,
+    ) -> Result<StoredImage> {
+        let copy_path = copy.path().to_path_buf();
+        let head = File::open(&copy_path)
+            .and_then(|f| super::file_head(&f))
+            .with_context(|| format!("cannot read the copy of {name}"))?;
+        let (layers, config, config_from) = if head.starts_with(SQUASHFS_MAGIC) {
+            let carried = read_carried_config(&copy_path);
+            if !carried.notes.is_empty() {
+                eprintln!("berth: {name}: {}", carried.notes.join("; "));
+            }
+            let config_from = match carried.source {
+                Some(path) => format!("with the image configuration of its {path}"),
+                None => "with no image configuration in it (defaults)".to_string(),
+            };
+            let label = name.to_string();
+            let layer = Layer::from_opener(name, move || {
+                let mut command = Command::new(SQFS2TAR);
+                // Keep the root folder's metadata; refuse what tar cannot hold.
+                command
+                    .args(["--root-becomes", ".", "--no-skip"])
+                    .arg(&copy_path);
+                ToolStream::start(command, &format!("{SQFS2TAR} of {label}"), SQFS2TAR_PACKAGE)
+                    .map(|t| Box::new(t) as Box<dyn Read + Send>)
+            });
+            (vec![layer], carried.config.unwrap_or_default(), config_from)
+        } else if archive::is_tar(&head) {
+            let image = archive::read(&copy_path, name)?;
+            let from = "with the archive's image configuration".to_string();
+            (image.layers, image.config, from)
+        } else {
+            bail!(
+                "cannot import {name}: it is neither a squashfs image nor a docker or OCI \
+                 archive; give one of those, or an image reference"
+            );
+        };
         let staging = TempEntry::dir(&self.tmp_dir(), &format!("image-{}", key.hex()), 0o755)?;
         let sqfs = staging.path().join("image.sqfs");
         let options = SquashfsOptions {
             max_bytes: max_image_bytes,
             ..SquashfsOptions::default()
         };
-        let copy_path = copy_entry.path().to_path_buf();
-        let carried = read_carried_config(&copy_path);
-        if !carried.notes.is_empty() {
-            eprintln!("berth: {name}: {}", carried.notes.join("; "));
-        }
-        let label = name.to_string();
-        let layer = Layer::from_opener(name, move || {
-            ToolTar::start(&copy_path, &label).map(|t| Box::new(t) as Box<dyn Read + Send>)
-        });
-        let stats = image::convert(&[layer], &sqfs, &options).with_context(|| {
+        let stats = image::convert(&layers, &sqfs, &options).with_context(|| {
             format!(
-                "cannot import {name}: it is not a squashfs image berth can read (truncated, \
-                 corrupt, or made by an unsupported tool); make it again (`--container-save`, \
-                 `enroot import`, `enroot export`) or give an image reference"
+                "cannot import {name}: berth cannot read it as an image (truncated, corrupt, \
+                 or made by an unsupported tool); make it again (`--container-save`, `enroot \
+                 import`, `enroot export`, `docker save`) or give an image reference"
             )
         })?;
-        drop(copy_entry);
         let meta = ImageMeta {
             registry: String::new(),
             repository: String::new(),
@@ -126,7 +211,7 @@ impl Store {
         };
         write_synced(
             &staging.path().join("config.json"),
-            &serde_json::to_vec_pretty(&carried.config.unwrap_or_default())?,
+            &serde_json::to_vec_pretty(&config)?,
         )?;
         write_synced(
             &staging.path().join("meta.json"),
@@ -134,16 +219,12 @@ impl Store {
         )?;
         write_synced(&staging.path().join(LAST_USED), b"")?;
         sync_dir(staging.path())?;
-        super::pull::publish(self, staging, &key)?;
-        let config_from = match carried.source {
-            Some(path) => format!("with the image configuration of its {path}"),
-            None => "with no image configuration in it (defaults)".to_string(),
-        };
+        super::pull::publish(self, staging, key)?;
         eprintln!(
             "berth: imported {name} ({} MB) as {key}, {config_from}",
             stats.image_size >> 20
         );
-        self.load(&key)?
+        self.load(key)?
             .with_context(|| format!("the import of {name} vanished from the store"))
     }
 }
@@ -192,87 +273,6 @@ fn hash_from_start<W: io::Write>(file: &mut File, name: &str, out: W) -> Result<
     out.flush()
         .with_context(|| format!("cannot copy {name} into the image store"))?;
     Ok((digest, size, out))
-}
-
-/// The tar stream `sqfs2tar` writes for a squashfs file; at its end, the
-/// tool's exit status is checked (a broken file is an error, never a short
-/// tree). Dropped early, the tool is killed.
-struct ToolTar {
-    child: Child,
-    stdout: ChildStdout,
-    stderr: Option<std::thread::JoinHandle<String>>,
-    name: String,
-}
-
-impl ToolTar {
-    /// Starts `sqfs2tar` on `path` (`name` in messages).
-    fn start(path: &Path, name: &str) -> io::Result<ToolTar> {
-        let mut child = Command::new(SQFS2TAR)
-            // Keep the root folder's metadata; refuse what tar cannot hold.
-            .args(["--root-becomes", ".", "--no-skip"])
-            .arg(path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("cannot run {SQFS2TAR} (install squashfs-tools-ng): {e}"),
-                )
-            })?;
-        let stdout = child.stdout.take().expect("stdout is piped");
-        let mut err = child.stderr.take().expect("stderr is piped");
-        let stderr = std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = (&mut err).take(MAX_TOOL_STDERR).read_to_string(&mut text);
-            let _ = io::copy(&mut err, &mut io::sink());
-            text
-        });
-        Ok(ToolTar {
-            child,
-            stdout,
-            stderr: Some(stderr),
-            name: name.to_string(),
-        })
-    }
-
-    /// At the end of the stream: an error unless the tool succeeded.
-    fn finish(&mut self) -> io::Result<()> {
-        let status = self.child.wait()?;
-        let stderr = self
-            .stderr
-            .take()
-            .and_then(|h| h.join().ok())
-            .unwrap_or_default();
-        if status.success() {
-            return Ok(());
-        }
-        let said = stderr.trim().replace('\n', "; ");
-        Err(io::Error::other(format!(
-            "{SQFS2TAR} cannot read {} ({status}): {said}",
-            self.name
-        )))
-    }
-}
-
-impl Read for ToolTar {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.stdout.read(buf)?;
-        if n == 0 && !buf.is_empty() && self.stderr.is_some() {
-            self.finish()?;
-        }
-        Ok(n)
-    }
-}
-
-impl Drop for ToolTar {
-    fn drop(&mut self) {
-        if self.stderr.is_some() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
 }
 
 #[cfg(test)]

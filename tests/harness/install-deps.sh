@@ -22,6 +22,8 @@ PACKAGES=(
     openmpi-bin libopenmpi-dev libpmix-dev mpich libmpich-dev
     # registry and image tools
     docker-registry skopeo umoci debootstrap debian-archive-keyring busybox-static
+    # local container engines (dockerd:// and podman:// image sources)
+    docker.io podman uidmap
     # squashfs and FUSE
     squashfs-tools squashfs-tools-ng squashfuse fuse-overlayfs fuse3
     # building the crate (bindgen needs libclang)

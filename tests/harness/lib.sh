@@ -250,6 +250,8 @@ export BERTH_TEST_GPU_DIR=$GPU_DIR
 export BERTH_TEST_TOKEN_USER=berth
 export BERTH_TEST_TOKEN_PASSWORD=berthpass
 export BERTH_TEST_USER=berthuser
+export BERTH_TEST_DOCKER_HOST=unix://$RUN_DIR/docker.sock
+export BERTH_TEST_PODMAN_DIR=$STATE_DIR/podman
 export BERTH_TEST_OTHER_USERS="berthuser2 berthuser3 berthuser4"
 EOF
 }

@@ -89,6 +89,10 @@ pub fn cli_pull(
             return import_as_root(root, path, settings, config)
         }
         ImageSource::SquashfsFile(_) => return pull_image(root, source, options),
+        ImageSource::Daemon(daemon) if nix::unistd::geteuid().is_root() => {
+            return daemon_as_root(root, daemon, settings, config)
+        }
+        ImageSource::Daemon(_) => return pull_image(root, source, options),
     };
     let owner = puller::content_owner(root);
     if !nix::unistd::geteuid().is_root() || owner.is_none() {
@@ -147,4 +151,35 @@ fn import_as_root(
     };
     puller::import_file(&request, &file, &|line| eprintln!("berth: {line}"))
         .map_err(anyhow::Error::msg)
+}
+
+/// A local engine's image given to root's `berth pull`/`run`: saved by
+/// root's client, converted by the pull user, as the plugin does for a
+/// job's user (root never parses what the engine wrote).
+fn daemon_as_root(
+    root: &Path,
+    source: &berth::reference::DaemonImage,
+    settings: &PullSettings,
+    config: &Config,
+) -> Result<StoredImage> {
+    let helper = std::env::current_exe().context("cannot find the berth executable")?;
+    let name = std::path::PathBuf::from(source.to_string());
+    let request = puller::ImportRequest {
+        helper: &helper,
+        store: root,
+        pull_user: &config.pull_user,
+        name: &name,
+        max_image_size: settings.max_image_size,
+        shared: settings.shared,
+    };
+    let user = berth::container::spec::UserIdentity::lookup(0, 0)?;
+    let job_env: Vec<String> = std::env::vars().map(|(k, v)| format!("{k}={v}")).collect();
+    let requester = puller::Requester {
+        user: &user,
+        job_env: &job_env,
+    };
+    puller::import_daemon(&request, source, &requester, &|line| {
+        eprintln!("berth: {line}")
+    })
+    .map_err(anyhow::Error::msg)
 }
