@@ -27,6 +27,18 @@ macro_rules! cluster_or_skip {
 /// The image each engine of the harness holds (tests/harness/engines.sh).
 const ENGINE_IMAGE: &str = "berthtest/busybox:latest";
 
+/// Held by each test that imports into the first node's store: the hostile
+/// archive test checks that the store's `tmp/` is left empty, which another
+/// test's import running at the same moment would break.
+static NODE_STORE_IMPORTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// This binary's imports into the node store, one test at a time.
+fn imports_alone() -> std::sync::MutexGuard<'static, ()> {
+    NODE_STORE_IMPORTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn first_node(cluster: &Cluster) -> String {
     cluster
         .var("BERTH_TEST_NODE_NAMES")
@@ -85,6 +97,7 @@ fn run_image(
 #[test]
 fn docker_and_oci_archives_run_with_their_image_config() {
     let cluster = cluster_or_skip!();
+    let _alone = imports_alone();
     let node = first_node(&cluster);
     for who in BOTH {
         // An image no node has seen, with a variable of its own in its config.
@@ -158,6 +171,7 @@ fn hostile_tar(files: &[(&str, Vec<u8>)], links: &[(&str, &str)]) -> Vec<u8> {
 #[test]
 fn a_hostile_archive_is_refused_by_name_and_leaves_nothing() {
     let cluster = cluster_or_skip!();
+    let _alone = imports_alone();
     let node = first_node(&cluster);
     let escape = format!("/tmp/berth-archive-escape-{}", std::process::id());
     let config = br#"{"config":{"Env":["A=1"]}}"#.to_vec();
@@ -256,6 +270,7 @@ fn a_hostile_archive_is_refused_by_name_and_leaves_nothing() {
 #[test]
 fn dockerd_images_are_saved_with_the_users_own_rights_to_the_socket() {
     let cluster = cluster_or_skip!();
+    let _alone = imports_alone();
     let node = first_node(&cluster);
     let host = cluster.var("BERTH_TEST_DOCKER_HOST");
     let env = [("DOCKER_HOST", host.as_str())];
@@ -314,6 +329,7 @@ fn dockerd_images_are_saved_with_the_users_own_rights_to_the_socket() {
 #[test]
 fn podman_images_come_from_the_users_own_storage() {
     let cluster = cluster_or_skip!();
+    let _alone = imports_alone();
     let node = first_node(&cluster);
     let dir = cluster.var("BERTH_TEST_PODMAN_DIR");
     // `podman load` names it docker.io/berthtest/busybox; users write it short.
