@@ -23,6 +23,11 @@
 #   environment and entrypoint of the original where the suite checks them);
 # - plugstack mirrors `docker.io=REGISTRY,nvcr.io=REGISTRY`, so `ubuntu:24.04`
 #   is pulled from that registry (the line is restored at the end);
+# - a local Debian package repository (APT_PACKAGES and their dependencies
+#   missing from the base, fetched once into $BERTH_TEST_CACHE_DIR/pyxis-apt
+#   with the host's apt, then served on the bridge over HTTP), which every
+#   stand-in's /etc/apt/sources.list names, so the suite's
+#   `apt-get update && apt-get install file` runs offline;
 # - an `enroot` stand-in on PATH for the few enroot verbs the suite calls
 #   (import, list, remove; export and exec answer "not mapped");
 # - one `salloc -N1 --exclusive` per bats file, run from the pyxis checkout.
@@ -85,6 +90,7 @@ WORK=$(mktemp -d)
 conf=$BERTH_TEST_PLUGSTACK_DIR/berth.conf
 cp "$conf" "$WORK/berth.conf.saved"
 cleanup() {
+    [[ -n ${apt_server:-} ]] && kill "$apt_server" 2>/dev/null
     cp "$WORK/berth.conf.saved" "$conf"
     rm -rf "$WORK"
 }
@@ -98,7 +104,8 @@ standin() {
     shift 2
     dir=$WORK/layer-${ref//[\/:]/-}
     tag=pyxis-${ref//[\/:]/-}
-    mkdir -p "$dir/etc" "$dir/usr/local/bin"
+    mkdir -p "$dir/etc/apt" "$dir/usr/local/bin"
+    printf 'deb [trusted=yes] %s ./\n' "$APT_URL" >"$dir/etc/apt/sources.list"
     printf 'NAME="%s"\nPRETTY_NAME="%s (berth stand-in: Debian %s)"\nID=berth-standin\n' \
         "${pretty%% *}" "$pretty" "$(cat "$WORK/debian_version")" >"$dir/etc/os-release"
     [[ $pretty == CentOS* ]] && printf '%s\n' "$pretty" >"$dir/etc/redhat-release"
@@ -117,6 +124,47 @@ standin() {
         umoci config --image "$WORK/oci:$tag" "${args[@]}"
     fi
     skopeo copy -q --dest-tls-verify=false "oci:$WORK/oci:$tag" "docker://$REG/$ref"
+}
+
+# --- the local package repository -----------------------------------------
+# What the suite installs with apt that a stand-in can hold (emacs-nox,
+# openssh-server and Open MPI are left out: large, and their tests need more).
+APT_PACKAGES=(file make install-info)
+APT_CACHE=$BERTH_TEST_CACHE_DIR/pyxis-apt
+APT_PORT=$((15004 + 100 * slot))
+APT_URL=http://$BERTH_TEST_BRIDGE_IP:$APT_PORT
+serve_apt_repo() {
+    if [[ ! -f $APT_CACHE/Packages ]]; then
+        log "fetching ${APT_PACKAGES[*]} and their dependencies (once) into $APT_CACHE"
+        local root=$BERTH_TEST_CACHE_DIR/debootstrap deps
+        rm -rf "$APT_CACHE.tmp"
+        mkdir -p "$APT_CACHE.tmp"
+        # The packages and what they need beyond the base image's (a minbase root).
+        deps=$(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts \
+            --no-breaks --no-replaces --no-enhances "${APT_PACKAGES[@]}" | grep -v '^ \|<' | sort -u)
+        local base
+        base=$(ls -d "$root"/*-minbase-*/rootfs 2>/dev/null | head -1)
+        [[ -n $base ]] || { echo "no debootstrap root under $root: tests/dev.sh $slot up makes it" >&2; exit 1; }
+        local want=()
+        for p in $deps; do
+            dpkg-query --admindir="$base/var/lib/dpkg" -W -f '${Status}' "$p" 2>/dev/null |
+                grep -q 'install ok installed' || want+=("$p")
+        done
+        (cd "$APT_CACHE.tmp" && apt-get download -q "${want[@]}" >/dev/null 2>&1) ||
+            { echo "apt-get download ${want[*]} failed (the host needs its Debian mirror once)" >&2; exit 1; }
+        (cd "$APT_CACHE.tmp" && dpkg-scanpackages -m . /dev/null 2>/dev/null >Packages)
+        rm -rf "$APT_CACHE"
+        mv "$APT_CACHE.tmp" "$APT_CACHE"
+    fi
+    python3 -m http.server --bind "$BERTH_TEST_BRIDGE_IP" --directory "$APT_CACHE" "$APT_PORT" \
+        >"$WORK/apt-server.log" 2>&1 &
+    apt_server=$!
+    local i
+    for i in $(seq 50); do
+        curl -fsS -o /dev/null "$APT_URL/Packages" 2>/dev/null && break
+        sleep 0.1
+    done
+    log "package repository $APT_URL: $(ls "$APT_CACHE"/*.deb | wc -l) packages"
 }
 
 build_standins() {
@@ -156,6 +204,7 @@ exec "$@"'
     done
     standin nvidia/pytorch:20.02-py3 "Ubuntu 18.04 LTS" PYTORCH_VERSION=1.5.0a0+3bbb36e --workdir /workspace
     standin nvidia/pytorch:22.04-py3 "Ubuntu 20.04 LTS" PYTORCH_VERSION=1.12.0a0+bd13bc6 --workdir /workspace
+    standin pytorch/pytorch:1.8.1-cuda11.1-cudnn8-runtime "Ubuntu 18.04 LTS" PYTORCH_VERSION=1.8.1 --workdir /workspace
     # docker:dind-rootless: its entrypoint sets DOCKER_HOST (2376 with TLS).
     local dind='#!/bin/sh
 if [ -z "$DOCKER_HOST" ]; then
@@ -230,7 +279,29 @@ EOF
     chmod 0755 "$BASE/bin/enroot"
 }
 
+# As an ordinary user, the suite's `enroot remove` cannot reach berth's named
+# containers (`berth containers` is root only): root removes the user's
+# before each file, so that no file sees those of an earlier file or run.
+remove_user_containers() {
+    [[ $user == root ]] && return 0
+    local uid s scope a b
+    uid=$(id -u "$user")
+    for s in "$BERTH_TEST_STATE_DIR"/nodes/*/berth-store; do
+        [[ -d $s ]] || continue
+        # Lines: USER global NAME ... or USER job JOBID NAME ...
+        while read -r _ scope a b _; do
+            if [[ $scope == job ]]; then
+                "$PREFIX/bin/berth" containers rm --store "$s" --user "$uid" --job "$a" "$b" || true
+            else
+                "$PREFIX/bin/berth" containers rm --store "$s" --user "$uid" "$a" || true
+            fi
+        done < <("$PREFIX/bin/berth" containers list --store "$s" --user "$uid" 2>/dev/null |
+            awk '$2 == "global" || $2 == "job"')
+    done
+}
+
 # --- run -------------------------------------------------------------------
+serve_apt_repo
 build_standins
 write_enroot_shim
 line=$(cat "$WORK/berth.conf.saved")
@@ -242,6 +313,7 @@ rows=()
 for f in "${files[@]}"; do
     tap=$RESULTS/${f//\//_}.tap
     log "running $f as $user"
+    remove_user_containers >&2
     start=$SECONDS
     runuser -u "$user" -- env PATH="$BASE/bin:$PATH" SLURM_CONF="$SLURM_CONF" \
         timeout -k 10 "$limit" salloc -Q -N1 --exclusive -p debug -t 30 \
