@@ -30,6 +30,7 @@ pub mod slurm_commands;
 pub mod slurm_conf;
 #[cfg(feature = "spank")]
 pub mod spank;
+pub mod step;
 pub mod stop_signal;
 pub mod store;
 #[cfg(test)]

@@ -75,7 +75,7 @@ fn pull_unchecked(store: &Store, image: &ImageRef, options: &PullOptions) -> Res
     let started = std::time::Instant::now();
     let progress = Progress::new(options.progress);
     let client = RegistryClient::new(&options.registry);
-    // For `srun -v`'s per-node timings (spank::timings reads this line).
+    // For `srun -v`'s per-node timings (step::timings reads this line).
     let looked_up = || {
         progress.say(format!(
             "looked up {image} in {} ms",
