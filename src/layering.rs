@@ -25,9 +25,6 @@ const KNOWN_CIRCLES: &[&[&str]] = &[
     // applies it; inject builds container::spec::MountSpec and mounts
     // through container.
     &["container", "inject"],
-    // "`store/units.rs` and `store/fsutil.rs` up to `src/`": image/squashfs.rs
-    // formats its size limit with store::units.
-    &["image", "store"],
 ];
 
 /// Between files (module paths, `spank::remote`; a folder's `mod.rs` is the
@@ -62,6 +59,8 @@ const LAYERS: &[(&str, &[&str])] = &[
             "safepath",
             "seal",
             "test_support",
+            "units",
+            "fsutil",
         ],
     ),
 ];

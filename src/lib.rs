@@ -13,6 +13,7 @@ pub mod container;
 pub mod doctor;
 pub mod enroot_site;
 pub mod fanout;
+pub(crate) mod fsutil;
 pub mod helper;
 pub mod image;
 pub mod inject;
@@ -35,3 +36,4 @@ pub mod stop_signal;
 pub mod store;
 #[cfg(test)]
 mod test_support;
+pub mod units;

@@ -104,7 +104,7 @@ impl Kind {
                 set(config, n)
             }
             Kind::Size(set) => {
-                let bytes = crate::store::units::parse_size(value).map_err(|_| None)?;
+                let bytes = crate::units::parse_size(value).map_err(|_| None)?;
                 set(config, (bytes > 0).then_some(bytes).ok_or(None)?)
             }
             Kind::OneOf(words, set) => {

@@ -15,12 +15,12 @@ use super::report::Report;
 use super::spec::{build_spec, keep_job_env, save_request};
 use crate::config::Config;
 use crate::container::{spawn_holder, Container, ContainerSpec, Mode, Namespace};
+use crate::fsutil::FileLock;
 use crate::named::{
     decide, Action, ContainerName, NameFlag, NamedKey, NamedMeta, NamedRoot, NamedRoots, Registry,
     RunningStep, Scope,
 };
 use crate::privilege::with_root;
-use crate::store::fsutil::FileLock;
 use crate::store::{ImageHold, StoredImage};
 
 /// How long a `NAME:no_exec` step waits at most for the step that runs the

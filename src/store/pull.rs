@@ -12,9 +12,9 @@ use anyhow::{Context, Result};
 
 use super::board::Board;
 use super::catalog::LAST_USED;
-use super::fsutil::{sync_dir, write_synced, FileLock, TempEntry};
 use super::progress::{mb, LayerProgress, Progress};
 use super::{lease, origin, proof, shared, ImageMeta, Store, StoredImage};
+use crate::fsutil::{sync_dir, write_synced, FileLock, TempEntry};
 use crate::image::writeback::start_writeback;
 use crate::image::{self, ImageConfig, Layer, SquashfsOptions, CONVERTER_VERSION};
 use crate::reference::ImageRef;
