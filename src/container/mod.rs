@@ -42,6 +42,7 @@ pub mod mountplan;
 pub mod mounts;
 mod netns;
 pub use crate::safepath;
+pub mod injection;
 pub mod save;
 mod seccomp;
 mod spawn;
