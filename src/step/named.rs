@@ -13,7 +13,7 @@ use super::context::StepContext;
 use super::image::pull_and_hold;
 use super::report::Report;
 use super::spec::{build_spec, keep_job_env, save_request};
-use crate::config::Config;
+use crate::config::{Config, ContainerScope};
 use crate::container::{spawn_holder, Container, ContainerSpec, Mode, Namespace};
 use crate::fsutil::FileLock;
 use crate::named::{
@@ -35,7 +35,7 @@ const NO_EXEC_POLL: Duration = Duration::from_millis(100);
 pub fn start(ctx: &StepContext, name: &ContainerName) -> Result<(StepContainer, String), String> {
     let key = NamedKey {
         uid: ctx.user.uid,
-        scope: scope_of(&name.name, ctx.job, &ctx.config.container_scope),
+        scope: scope_of(&name.name, ctx.job, ctx.config.container_scope),
         name: name.name.clone(),
     };
     with_root(|| start_as_root(ctx, name, &key))
@@ -43,9 +43,9 @@ pub fn start(ctx: &StepContext, name: &ContainerName) -> Result<(StepContainer, 
 
 /// The scope of container `name` in job `job`: the job's for `JOB.STEP`
 /// of this job (an unnamed step's container), else the site's
-/// `container_scope` (`job` unless it says `global`).
-pub fn scope_of(name: &str, job: u32, container_scope: &str) -> Scope {
-    if !is_unnamed_step_name(name, job) && container_scope == "global" {
+/// `container_scope`.
+pub fn scope_of(name: &str, job: u32, container_scope: ContainerScope) -> Scope {
+    if !is_unnamed_step_name(name, job) && container_scope == ContainerScope::Global {
         Scope::Global
     } else {
         Scope::Job(job)

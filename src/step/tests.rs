@@ -8,7 +8,7 @@ use super::named::scope_of;
 use super::report::Recorded;
 use super::spec::{build_spec, image_spec, keep_job_env, save_target, ImageSpec, SpecError};
 use super::*;
-use crate::config::{Config, FanoutMode};
+use crate::config::{Config, ContainerScope, FanoutMode};
 use crate::container::spec::{parse_mounts, Namespace, UserIdentity};
 use crate::image::ImageConfig;
 use crate::named::Scope;
@@ -140,15 +140,15 @@ fn a_relative_save_path_is_taken_from_the_jobs_working_directory() {
 
 #[test]
 fn the_scope_of_a_name_is_the_sites_except_for_an_unnamed_steps() {
-    assert_eq!(scope_of("mine", 7, "job"), Scope::Job(7));
-    assert_eq!(scope_of("mine", 7, "global"), Scope::Global);
+    assert_eq!(scope_of("mine", 7, ContainerScope::Job), Scope::Job(7));
+    assert_eq!(scope_of("mine", 7, ContainerScope::Global), Scope::Global);
     // JOB.STEP of this job is that step's container, whatever the site says.
-    assert_eq!(scope_of("7.0", 7, "global"), Scope::Job(7));
-    assert_eq!(scope_of("7.12", 7, "global"), Scope::Job(7));
+    assert_eq!(scope_of("7.0", 7, ContainerScope::Global), Scope::Job(7));
+    assert_eq!(scope_of("7.12", 7, ContainerScope::Global), Scope::Job(7));
     // Another job's numbers, or not a step number, are ordinary names.
-    assert_eq!(scope_of("8.0", 7, "global"), Scope::Global);
-    assert_eq!(scope_of("7.x", 7, "global"), Scope::Global);
-    assert_eq!(scope_of("7.", 7, "global"), Scope::Global);
+    assert_eq!(scope_of("8.0", 7, ContainerScope::Global), Scope::Global);
+    assert_eq!(scope_of("7.x", 7, ContainerScope::Global), Scope::Global);
+    assert_eq!(scope_of("7.", 7, ContainerScope::Global), Scope::Global);
 }
 
 #[test]
