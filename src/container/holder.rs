@@ -40,7 +40,6 @@ use nix::sched::{unshare, CloneFlags};
 use nix::sys::stat::{fstat, umask, Mode as FileMode, SFlag};
 
 use crate::container::channel::{Channel, FromHolder, ToHolder};
-use crate::container::creds;
 use crate::container::entrypoint;
 use crate::container::etcfiles::{group_content, passwd_content};
 use crate::container::fuse::{self, FuseMount};
@@ -136,7 +135,7 @@ fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Resu
         .context("preparing the root file system")?;
     lock_user_mounts(&image.root, spec, &plan)?;
     let user = &spec.user;
-    creds::become_user(user.uid, user.gid, &user.all_gids()).with_context(|| {
+    crate::privilege::become_user(user.uid, user.gid, &user.all_gids()).with_context(|| {
         format!(
             "switching to user {} (uid {}, gid {}, groups {:?})",
             user.name,

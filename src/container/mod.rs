@@ -27,7 +27,6 @@
 //! `spawn` (the caller's side) and `join` (the [`Container`]).
 
 pub mod channel;
-pub(crate) mod creds;
 pub mod entrypoint;
 pub mod env;
 pub mod etcfiles;
