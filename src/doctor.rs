@@ -557,7 +557,7 @@ fn store(path: &Path, min_free: u64) -> Vec<Finding> {
     match nix::sys::statvfs::statvfs(existing) {
         Ok(stats) => {
             let free = stats.blocks_available() * stats.fragment_size();
-            let text = crate::store::units::format_size(free);
+            let text = crate::units::format_size(free);
             if free < min_free {
                 findings.push(Finding::new(
                     Level::Warn,
@@ -565,7 +565,7 @@ fn store(path: &Path, min_free: u64) -> Vec<Finding> {
                     format!("{text} free on {}", existing.display()),
                     format!(
                         "free space (berth gc --max-size ...) or move store_path; wanted {}",
-                        crate::store::units::format_size(min_free)
+                        crate::units::format_size(min_free)
                     ),
                 ));
             } else {

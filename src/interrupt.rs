@@ -3,7 +3,7 @@
 //! slurmstepd runs a step's container setup (pull, fan-out wait, mount)
 //! before the step's tasks exist, and Slurm only signals tasks: a `scancel`
 //! during a long pull would otherwise wait for the pull to end. A watcher
-//! (`spank::cancel_watch`) calls [`request`] when the step or its job
+//! (`step::cancel_watch`) calls [`request`] when the step or its job
 //! ended; every wait for a helper process ([`wait_child`]) then kills its
 //! child and fails with the reason. The CLI never requests an interrupt.
 

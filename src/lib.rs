@@ -13,6 +13,7 @@ pub mod container;
 pub mod doctor;
 pub mod enroot_site;
 pub mod fanout;
+pub(crate) mod fsutil;
 pub mod helper;
 pub mod image;
 pub mod inject;
@@ -30,7 +31,9 @@ pub mod slurm_commands;
 pub mod slurm_conf;
 #[cfg(feature = "spank")]
 pub mod spank;
+pub mod step;
 pub mod stop_signal;
 pub mod store;
 #[cfg(test)]
 mod test_support;
+pub mod units;

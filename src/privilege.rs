@@ -1,9 +1,13 @@
-//! Switching between the job's user and root inside slurmstepd.
+//! Every identity switch of berth, in one place.
 //!
 //! slurmstepd calls `slurm_spank_user_init` with uid 0 and euid = the job's
 //! user. The few steps that need root (pulling into the node store, mounting)
-//! take it for their duration only, and helper processes started from there
-//! become full root (real, effective and saved ids) before exec.
+//! take it for their duration only ([`with_root`], [`RootGuard`]), and
+//! helper processes started from there become full root (real, effective
+//! and saved ids) or a given user before exec ([`run_as_full_root`],
+//! [`run_as_user`]); a process switches itself with [`become_user`] and
+//! [`become_full_root`]. A failed switch is an error (or, where going on
+//! would mean acting as root for the user, the end of the process).
 
 use std::os::unix::process::CommandExt;
 use std::process::Command;
@@ -117,6 +121,99 @@ fn switch_user(command: &mut Command, uid: u32, gid: u32, groups: Vec<u32>, no_n
     }
 }
 
+/// Effective root while alive, for a process whose real uid is 0 and whose
+/// effective uid is not (slurmstepd in `user_init`); nothing otherwise.
+/// Raising fails with an error; when the caller's effective ids cannot be
+/// restored the process ends, as going on as root on the user's behalf is
+/// never an option.
+pub struct RootGuard {
+    /// The effective uid and gid to restore.
+    restore: Option<(libc::uid_t, libc::gid_t)>,
+}
+
+impl RootGuard {
+    /// Takes effective root when the real uid is root and the effective one
+    /// is not.
+    pub fn take() -> std::io::Result<RootGuard> {
+        // SAFETY: get*id never fail.
+        let (ruid, euid, egid) = unsafe { (libc::getuid(), libc::geteuid(), libc::getegid()) };
+        if ruid != 0 || euid == 0 {
+            return Ok(RootGuard { restore: None });
+        }
+        // SAFETY: plain set*id calls; glibc applies them to every thread.
+        if unsafe { libc::seteuid(0) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let guard = RootGuard {
+            restore: Some((euid, egid)),
+        };
+        // SAFETY: as above (the guard gives the uid back if this fails).
+        if unsafe { libc::setegid(0) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(guard)
+    }
+}
+
+impl Drop for RootGuard {
+    fn drop(&mut self) {
+        let Some((euid, egid)) = self.restore else {
+            return;
+        };
+        // SAFETY: plain set*id calls; gid first, while still root.
+        let restored = unsafe { libc::setegid(egid) == 0 && libc::seteuid(euid) == 0 };
+        if !restored {
+            eprintln!(
+                "berth: cannot give up root again (seteuid {euid}): {}",
+                std::io::Error::last_os_error()
+            );
+            std::process::abort();
+        }
+    }
+}
+
+/// Sets supplementary groups, then real/effective/saved gid, then real/
+/// effective/saved uid of the calling thread to the user's.
+///
+/// Raw syscalls only, no allocation: safe between fork and exec, also in the
+/// child of a multi-threaded process (where the child has one thread).
+pub fn become_user(uid: u32, gid: u32, groups: &[libc::gid_t]) -> std::io::Result<()> {
+    // SAFETY: `groups` is a valid slice of gid_t for the length we pass.
+    let ret = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
+    if ret != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: setresgid takes three ids by value.
+    if unsafe { libc::syscall(libc::SYS_setresgid, gid, gid, gid) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: setresuid takes three ids by value.
+    if unsafe { libc::syscall(libc::SYS_setresuid, uid, uid, uid) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Makes a process whose real uid is 0 fully root again (all uids and gids 0,
+/// no supplementary groups), as slurmstepd is before it drops its effective
+/// uid to the user's. Raw syscalls only: safe between fork and exec.
+pub fn become_full_root() -> std::io::Result<()> {
+    // SAFETY: setresuid takes three ids by value; uid first, so that we have
+    // CAP_SETGID again for the calls below.
+    if unsafe { libc::syscall(libc::SYS_setresuid, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: setresgid takes three ids by value.
+    if unsafe { libc::syscall(libc::SYS_setresgid, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: an empty group list; the pointer is not read for length 0.
+    if unsafe { libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,6 +256,49 @@ mod tests {
             }
         }
         Ok(())
+    }
+
+    /// Needs root: in a child with real uid 0 and effective uid 65534 (as
+    /// slurmstepd in `user_init`), the guard gives effective root and its
+    /// drop gives the user's ids back.
+    #[test]
+    fn the_root_guard_raises_and_restores() {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(RootGuard::take().unwrap().restore.is_none());
+            return;
+        }
+        // SAFETY: the child makes raw set*id/get*id calls only (the guard
+        // allocates nothing on these paths) and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: as above.
+            let code = unsafe {
+                if libc::setegid(65534) != 0 || libc::seteuid(65534) != 0 {
+                    libc::_exit(2);
+                }
+                match RootGuard::take() {
+                    Ok(guard) => {
+                        let raised = libc::geteuid() == 0 && libc::getegid() == 0;
+                        drop(guard);
+                        let back = libc::geteuid() == 65534 && libc::getegid() == 65534;
+                        if raised && back {
+                            0
+                        } else {
+                            3
+                        }
+                    }
+                    Err(_) => 4,
+                }
+            };
+            // SAFETY: ends the forked child without running the parent's handlers.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "{status}");
+        assert_eq!(libc::WEXITSTATUS(status), 0);
     }
 
     /// Needs root (else only the unprivileged half runs): a child whose

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{parse_bool, parse_mirrors, Config, ConfigError, FanoutMode, LogLevel};
+use super::{parse_bool, parse_mirrors, Config, ConfigError, ContainerScope, FanoutMode, LogLevel};
 
 /// What a key's value must be, and where the parsed value goes.
 #[derive(Clone, Copy)]
@@ -104,7 +104,7 @@ impl Kind {
                 set(config, n)
             }
             Kind::Size(set) => {
-                let bytes = crate::store::units::parse_size(value).map_err(|_| None)?;
+                let bytes = crate::units::parse_size(value).map_err(|_| None)?;
                 set(config, (bytes > 0).then_some(bytes).ok_or(None)?)
             }
             Kind::OneOf(words, set) => {
@@ -224,7 +224,12 @@ pub const KEYS: &[Key] = &[
     ),
     key(
         "container_scope",
-        Kind::OneOf(&["job", "global"], |c, v| c.container_scope = v.to_string()),
+        Kind::OneOf(&["job", "global"], |c, v| {
+            c.container_scope = match v {
+                "global" => ContainerScope::Global,
+                _ => ContainerScope::Job,
+            }
+        }),
         "job",
         "scope of named containers",
     ),

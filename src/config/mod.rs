@@ -51,7 +51,7 @@ pub struct Config {
     /// Run the image ENTRYPOINT by default (pyxis: `execute_entrypoint`).
     pub execute_entrypoint: bool,
     /// Scope of named containers (pyxis: `container_scope`, `job` or `global`).
-    pub container_scope: String,
+    pub container_scope: ContainerScope,
     /// Whether `#SBATCH --container-*` applies to the batch script (pyxis: `sbatch_support`).
     pub sbatch_support: bool,
     /// How much the plugin writes to slurmd's log.
@@ -150,6 +150,15 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// How long a named container lives (`container_scope`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContainerScope {
+    /// Until its job ends (`job`, the default): the job epilog removes it.
+    Job,
+    /// Until its user removes it (`global`): any later job of the user may use it.
+    Global,
+}
+
 /// `fanout`: how a multi-node step spreads an image that its first node had
 /// to fetch (see docs/CONFIGURATION.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,7 +231,7 @@ impl Default for Config {
             helper_path: default_helper(),
             insecure_registries: Vec::new(),
             execute_entrypoint: false,
-            container_scope: "job".to_string(),
+            container_scope: ContainerScope::Job,
             sbatch_support: true,
             log_level: LogLevel::Info,
             inject: InjectConfig::default(),

@@ -66,7 +66,7 @@ fn pyxis_plugstack_keys_are_accepted_with_a_note() {
     ]))
     .unwrap();
     assert!(config.execute_entrypoint);
-    assert_eq!(config.container_scope, "global");
+    assert_eq!(config.container_scope, ContainerScope::Global);
     assert_eq!(config.notes.len(), 3, "{:?}", config.notes);
     for key in ["use_enroot_load=1", "importer=", "use_squashfuse=0"] {
         assert!(

@@ -40,7 +40,6 @@ use nix::sched::{unshare, CloneFlags};
 use nix::sys::stat::{fstat, umask, Mode as FileMode, SFlag};
 
 use crate::container::channel::{Channel, FromHolder, ToHolder};
-use crate::container::creds;
 use crate::container::entrypoint;
 use crate::container::etcfiles::{group_content, passwd_content};
 use crate::container::fuse::{self, FuseMount};
@@ -131,12 +130,12 @@ fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Resu
     // files, mount points) is the user's too, like the image's own files.
     let owner = image.mapped.then_some((spec.user.uid, spec.user.gid));
     // ldconfig (library injection) runs as the user, never as root.
-    let runner = crate::inject::ldconfig::runner_for(&spec.user);
+    let runner = crate::container::injection::ldconfig::runner_for(&spec.user);
     prepare_root(&image.root, spec, &plan, owner, Some(&runner))
         .context("preparing the root file system")?;
     lock_user_mounts(&image.root, spec, &plan)?;
     let user = &spec.user;
-    creds::become_user(user.uid, user.gid, &user.all_gids()).with_context(|| {
+    crate::privilege::become_user(user.uid, user.gid, &user.all_gids()).with_context(|| {
         format!(
             "switching to user {} (uid {}, gid {}, groups {:?})",
             user.name,
@@ -376,8 +375,8 @@ fn prepare_root(
     for mount in &plan.user {
         mounts::create_user_mount_point(&root, mount, &spec.user)?;
     }
-    // Before any host file system enters the root: see inject::apply.
-    crate::inject::apply::inject_files(&root, &spec.injection, runner)?;
+    // Before any host file system enters the root: see injection::apply.
+    crate::container::injection::apply::inject_files(&root, &spec.injection, runner)?;
     // Each bind below must not reach its target through an earlier one
     // (an image's `/etc -> /tmp/X` and a user's `/tmp/X -> /dev`).
     let one_mount = root
@@ -385,7 +384,7 @@ fn prepare_root(
         .context("cannot open the container root")?;
     for bind in &plan.system {
         if bind.target == Path::new("/dev") && spec.injection.needs_own_dev() {
-            crate::inject::apply::build_dev(&root, &bind.source, &spec.injection)?;
+            crate::container::injection::apply::build_dev(&root, &bind.source, &spec.injection)?;
             continue;
         }
         mounts::bind_into(&one_mount, bind)?;

@@ -18,8 +18,8 @@ use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal
 use crate::container::entrypoint::{command_with_entrypoint, EntrypointOutcome};
 use crate::container::env::task_env;
 use crate::container::fuse::{self, Daemon};
+use crate::container::seccomp;
 use crate::container::spec::{ContainerSpec, Namespace, UserIdentity};
-use crate::container::{creds, seccomp};
 use crate::image::ImageConfig;
 
 /// The `PATH` searched when the task environment has none.
@@ -246,7 +246,7 @@ impl Container {
     fn exec_in_child(&self, command: &PreparedCommand, report: OwnedFd) -> ! {
         let failure = (|| -> Result<std::convert::Infallible, (Step, Errno)> {
             if command.switch_to_user {
-                creds::become_user(self.user.uid, self.user.gid, &command.groups)
+                crate::privilege::become_user(self.user.uid, self.user.gid, &command.groups)
                     .map_err(|err| (Step::SwitchUser, errno_of(&err)))?;
             }
             self.enter(&command.workdir)?;

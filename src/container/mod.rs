@@ -27,7 +27,6 @@
 //! `spawn` (the caller's side) and `join` (the [`Container`]).
 
 pub mod channel;
-pub(crate) mod creds;
 pub mod entrypoint;
 pub mod env;
 pub mod etcfiles;
@@ -42,6 +41,7 @@ pub mod mountplan;
 pub mod mounts;
 mod netns;
 pub use crate::safepath;
+pub mod injection;
 pub mod save;
 mod seccomp;
 mod spawn;

@@ -9,10 +9,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use nix::unistd::{geteuid, getuid, seteuid, Uid};
+use nix::unistd::{geteuid, getuid};
 
 use crate::container::channel::{Channel, FromHolder, ToHolder};
-use crate::container::creds;
 use crate::container::fuse::Daemon;
 use crate::container::holder::{HOLDER_ARG, HOLDER_FD};
 use crate::container::join::Container;
@@ -38,7 +37,13 @@ pub fn spawn_holder(
     mode: Mode,
 ) -> anyhow::Result<Container> {
     check_caller(spec, mode)?;
-    let _root = EffectiveRoot::raise_if_needed(mode)?;
+    // slurmstepd in user_init: root for the spawn and the id maps.
+    let _root = match mode {
+        Mode::Privileged => Some(
+            crate::privilege::RootGuard::take().context("cannot raise the effective uid to 0")?,
+        ),
+        Mode::Unprivileged => None,
+    };
     let (ours, theirs) =
         UnixStream::pair().context("cannot create the socket pair for the container helper")?;
     let mut command = Command::new(helper_exe);
@@ -55,7 +60,7 @@ pub fn spawn_holder(
         command.pre_exec(move || {
             hand_over_channel(channel_fd)?;
             if full_root && libc::getuid() == 0 {
-                creds::become_full_root()?;
+                crate::privilege::become_full_root()?;
             }
             Ok(())
         });
@@ -311,33 +316,6 @@ fn open_namespace(pid: i32, kind: &str) -> anyhow::Result<OwnedFd> {
     let path = format!("/proc/{pid}/ns/{kind}");
     let file = File::open(&path).with_context(|| format!("cannot open {path}"))?;
     Ok(file.into())
-}
-
-/// Raises the effective uid to 0 while alive when the real uid is 0 but the
-/// effective one is not (slurmstepd inside `slurm_spank_user_init`).
-struct EffectiveRoot {
-    restore: Option<Uid>,
-}
-
-impl EffectiveRoot {
-    fn raise_if_needed(mode: Mode) -> anyhow::Result<EffectiveRoot> {
-        let euid = geteuid();
-        if mode != Mode::Privileged || !getuid().is_root() || euid.is_root() {
-            return Ok(EffectiveRoot { restore: None });
-        }
-        seteuid(Uid::from_raw(0)).context("cannot raise the effective uid to 0")?;
-        Ok(EffectiveRoot {
-            restore: Some(euid),
-        })
-    }
-}
-
-impl Drop for EffectiveRoot {
-    fn drop(&mut self) {
-        if let Some(euid) = self.restore {
-            let _ = seteuid(euid);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use crate::container::entrypoint::EntrypointRun;
 use crate::image::ImageConfig;
 
 pub use crate::container::usermount::{
-    parse_mounts, resolve_relative_sources, MountFlags, MountKind, MountSpecError,
+    parse_mounts, resolve_relative_sources, MountFlags, MountKind, MountSpec, MountSpecError,
     MountSpecProblem, Propagation, UserMount,
 };
 
@@ -75,9 +75,9 @@ pub struct ContainerSpec {
     #[serde(default)]
     pub sealed_image: Option<crate::seal::SealedFile>,
     /// Host libraries, GPUs and devices added to the container
-    /// (`--container-mpi`, the step's GPUs; see [`crate::inject`]).
+    /// (`--container-mpi`, the step's GPUs; decided by `crate::inject`).
     #[serde(default)]
-    pub injection: crate::inject::Injection,
+    pub injection: crate::container::injection::Injection,
     /// The job's mount namespace of Slurm's `job_container/tmpfs` (its nsfs
     /// file, see [`crate::container::jobns`]): the holder builds the
     /// container from it, so that the job's private `/tmp` and `/dev/shm`
@@ -203,30 +203,6 @@ impl Mode {
             Mode::Privileged
         } else {
             Mode::Unprivileged
-        }
-    }
-}
-
-/// One plain bind mount: a host path made visible at a path inside the
-/// container (the runtime's own binds; the user's are [`UserMount`]s).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MountSpec {
-    /// Absolute host path.
-    pub source: PathBuf,
-    /// Absolute path inside the container.
-    pub target: PathBuf,
-    /// Make the mount read-only inside the container.
-    pub read_only: bool,
-}
-
-impl MountSpec {
-    /// A read-write bind of `source` at the same path inside the container.
-    pub fn same_path(source: impl Into<PathBuf>) -> Self {
-        let source = source.into();
-        MountSpec {
-            target: source.clone(),
-            source,
-            read_only: false,
         }
     }
 }

@@ -12,8 +12,6 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::container::spec::MountSpec;
-
 /// What a [`UserMount`] mounts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -275,6 +273,30 @@ fn is_tmpfs_option(option: &str) -> bool {
     option
         .split_once('=')
         .is_some_and(|(key, value)| TMPFS_OPTIONS.contains(&key) && !value.is_empty())
+}
+
+/// One plain bind mount: a host path made visible at a path inside the
+/// container (the runtime's own binds; the user's are [`UserMount`]s).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountSpec {
+    /// Absolute host path.
+    pub source: PathBuf,
+    /// Absolute path inside the container.
+    pub target: PathBuf,
+    /// Make the mount read-only inside the container.
+    pub read_only: bool,
+}
+
+impl MountSpec {
+    /// A read-write bind of `source` at the same path inside the container.
+    pub fn same_path(source: impl Into<PathBuf>) -> Self {
+        let source = source.into();
+        MountSpec {
+            target: source.clone(),
+            source,
+            read_only: false,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -151,7 +151,7 @@ impl<W: std::io::Write> std::io::Write for LimitedWriter<W> {
                  decompression bomb or an image too large for this node; if the image is \
                  legitimate, raise the limit (plugstack `max_image_size`, or \
                  `berth pull --max-image-size`)",
-                crate::store::units::format_size(self.limit),
+                crate::units::format_size(self.limit),
                 self.limit
             )));
         }

@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 
-use super::ldcache::LdCache;
 use super::profile::host_library;
 use super::{HostLibrary, Injection};
+use crate::container::injection::ldcache::LdCache;
 use crate::container::spec::MountSpec;
 
 /// Driver libraries of the `compute` capability; the first is required.

@@ -5,33 +5,29 @@
 //! Everything is decided before the holder starts, by pure functions over the
 //! configuration, the job's request and the image's config, into one
 //! [`Injection`] that travels in the container spec; the holder applies it
-//! ([`apply`]) as root before the host's `/proc`, `/sys` and `/dev` enter the
+//! (`container::injection::apply`) as root before the host's `/proc`, `/sys` and `/dev` enter the
 //! root, checks MPI ABI compatibility against the image's own libraries, binds
 //! the host files and registers the libraries with the image's loader
 //! (`ldconfig -r`, run as the job's user, builds `/etc/ld.so.cache` for the
 //! container's tmpfs layer;
 //! the image itself is never modified).
 //!
-//! Modules: [`ldcache`] (reads `ld.so.cache`), [`abi`] (MPICH ABI rules),
-//! [`profile`] (site profiles for host MPI and interconnect), [`gpu`] (NVIDIA
-//! GPUs and driver libraries), [`cdi`] (Container Device Interface specs),
-//! [`apply`] (the holder's side).
+//! Modules: [`profile`] (site profiles for host MPI and interconnect),
+//! [`gpu`] (NVIDIA GPUs and driver libraries), [`cdi`] (Container Device
+//! Interface specs). The [`Injection`] itself, the loader's formats
+//! ([`ldcache`], [`abi`]) and the holder's side that applies it live in
+//! `container::injection`, below this module: the container knows what to
+//! apply, never how it was decided.
 
 use std::path::PathBuf;
 
-use serde::{Deserialize, Serialize};
-
-use crate::container::spec::MountSpec;
-
-pub mod abi;
-pub mod apply;
 pub mod cdi;
 pub mod gpu;
-pub mod ldcache;
-pub mod ldconfig;
 pub mod profile;
 
-pub use abi::AbiPolicy;
+pub use crate::container::injection::abi::{self, AbiPolicy};
+pub use crate::container::injection::ldcache;
+pub use crate::container::injection::{HostLibrary, Injection, LIB_DIR};
 
 /// Where berth finds what it injects into containers (the `inject_dir`, `gpu_*` and
 /// `cdi_spec_dirs` keys of `crate::config`).
@@ -55,75 +51,6 @@ impl Default for InjectConfig {
             gpu_driver_root: None,
             cdi_spec_dirs: cdi::DEFAULT_SPEC_DIRS.iter().map(PathBuf::from).collect(),
         }
-    }
-}
-
-/// Where injected libraries appear inside the container (registered with the
-/// image's loader, first in its search order).
-pub const LIB_DIR: &str = "/usr/local/lib/berth";
-
-/// One host library to inject.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HostLibrary {
-    /// Soname the loader looks for (`libmpich.so.12`).
-    pub soname: String,
-    /// The host's real file (symlinks resolved), bound read-only.
-    pub host_path: PathBuf,
-    /// Check MPI ABI compatibility against the image's copy of the same
-    /// soname before replacing it (MPI libraries of a profile).
-    #[serde(default)]
-    pub abi: Option<AbiPolicy>,
-    /// Where it came from, for messages (`profile host`, `NVIDIA driver`).
-    pub origin: String,
-}
-
-/// Everything injected into one container.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Injection {
-    /// Libraries bound into [`LIB_DIR`] under their soname and over the
-    /// image's own copy of the same soname.
-    pub libraries: Vec<HostLibrary>,
-    /// Other host files and folders (binaries such as `nvidia-smi`, CDI
-    /// mounts, site files), bound at their target.
-    pub files: Vec<MountSpec>,
-    /// Device nodes to add: host node (possibly under another device root)
-    /// bound at the target under `/dev`.
-    pub devices: Vec<MountSpec>,
-    /// Host `/dev` entries left out of the container's `/dev` (the GPUs the
-    /// step was not given). When this or `devices` is not empty, the
-    /// container gets a `/dev` of its own (a tmpfs with binds of every other
-    /// host entry) instead of the host's whole `/dev`.
-    pub hidden_devices: Vec<PathBuf>,
-    /// Environment variables (`NAME=VALUE`) set in the container over the
-    /// image's.
-    pub env: Vec<String>,
-    /// Descriptions of what was injected, for logs (`profile host`, `GPUs 0,1`).
-    pub summary: Vec<String>,
-}
-
-impl Injection {
-    /// Whether there is nothing to inject.
-    pub fn is_empty(&self) -> bool {
-        self.libraries.is_empty()
-            && self.files.is_empty()
-            && self.devices.is_empty()
-            && self.hidden_devices.is_empty()
-            && self.env.is_empty()
-    }
-
-    /// Whether the container needs a `/dev` of its own.
-    pub fn needs_own_dev(&self) -> bool {
-        !self.devices.is_empty() || !self.hidden_devices.is_empty()
-    }
-
-    /// Adds everything of `other` to this injection.
-    pub fn extend(&mut self, other: Injection) {
-        self.libraries.extend(other.libraries);
-        self.files.extend(other.files);
-        self.devices.extend(other.devices);
-        self.hidden_devices.extend(other.hidden_devices);
-        self.env.extend(other.env);
-        self.summary.extend(other.summary);
     }
 }
 

@@ -15,16 +15,16 @@
 //! ```
 //!
 //! `library` entries whose name starts with `libmpi` are ABI-checked against
-//! the image's copy (see [`crate::inject::abi`]); `dependency` entries are
+//! the image's copy (see [`crate::container::injection::abi`]); `dependency` entries are
 //! injected as they are.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 
-use super::abi::{parse_library_name, AbiPolicy};
-use super::ldcache::LdCache;
 use super::{HostLibrary, Injection};
+use crate::container::injection::abi::{parse_library_name, AbiPolicy};
+use crate::container::injection::ldcache::LdCache;
 use crate::container::spec::MountSpec;
 
 /// Default folder of the profiles.
@@ -165,7 +165,7 @@ impl Profile {
         for (name, is_library) in entries {
             let library = host_library(name, host_cache, &origin)?;
             let is_mpi = parse_library_name(&library.soname)
-                .is_some_and(|(stem, _)| super::abi::is_mpi_library(stem));
+                .is_some_and(|(stem, _)| crate::container::injection::abi::is_mpi_library(stem));
             injection.libraries.push(HostLibrary {
                 abi: if is_library && is_mpi {
                     self.mpi_abi

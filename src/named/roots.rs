@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::store::fsutil::{lock_shared, try_lock_exclusive};
+use crate::fsutil::{lock_shared, try_lock_exclusive};
 
 /// The folder below the store that holds named containers.
 pub const CONTAINERS_DIR: &str = "containers";
@@ -125,7 +125,7 @@ impl NamedRoot {
 
     /// Disk space used by its changes, in bytes.
     pub fn changes_size(&self) -> u64 {
-        crate::store::fsutil::tree_size(&self.dir.join("upper"))
+        crate::fsutil::tree_size(&self.dir.join("upper"))
     }
 }
 
@@ -174,7 +174,7 @@ impl NamedRoots {
                 .with_context(|| format!("cannot create {}", dir.join(sub).display()))?;
         }
         let bytes = serde_json::to_vec_pretty(meta).context("cannot encode meta.json")?;
-        crate::store::fsutil::write_synced(&dir.join("meta.json"), &bytes)?;
+        crate::fsutil::write_synced(&dir.join("meta.json"), &bytes)?;
         Ok(NamedRoot {
             dir,
             meta: meta.clone(),

@@ -25,7 +25,7 @@ use super::roots::NamedKey;
 use super::trust;
 use crate::container::spec::{ContainerSpec, Namespace};
 use crate::container::Container;
-use crate::store::fsutil::{write_synced, FileLock};
+use crate::fsutil::{write_synced, FileLock};
 
 /// One namespace of a running container, as its step holds it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -13,38 +13,7 @@ use crate::config::parse_bool;
 use crate::container::spec::{parse_mounts, Namespace};
 use crate::named::ContainerName;
 use crate::reference::ImageSource;
-
-/// The values of the `--container-*` options for this job or step.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct JobOptions {
-    /// `--container-image`
-    pub image: Option<String>,
-    /// `--container-mounts`
-    pub mounts: Option<String>,
-    /// `--container-workdir`
-    pub workdir: Option<String>,
-    /// `--container-env`: variables whose job value wins over the image's.
-    pub env: Option<String>,
-    /// `--container-unshare`
-    pub unshare: Option<String>,
-    /// `--container-writable` (true) or `--container-readonly` (false).
-    pub writable: Option<bool>,
-    /// `--[no-]container-mount-home`
-    pub mount_home: Option<bool>,
-    /// `--[no-]container-remap-root`
-    pub remap_root: Option<bool>,
-    /// `--[no-]container-entrypoint`; `None`: the plugstack default
-    /// (`execute_entrypoint`).
-    pub entrypoint: Option<bool>,
-    /// `--container-entrypoint-log`: show the entrypoint's output.
-    pub entrypoint_log: Option<bool>,
-    /// `--container-name`: `NAME[:FLAG]`.
-    pub name: Option<String>,
-    /// `--container-save`: where to save the root file system after the step.
-    pub save: Option<String>,
-    /// `--container-mpi`: the host MPI profile to inject (`none`: none).
-    pub mpi: Option<String>,
-}
+pub use crate::step::options::{env_names, JobOptions};
 
 impl JobOptions {
     /// The options given besides `--container-image` and `--container-name`
@@ -495,33 +464,10 @@ fn check_save_path(value: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The names listed in `--container-env`; an empty list or name is refused
-/// (`--container-env=`, `FOO,`), as is a name that is not a variable name.
-pub fn env_names(value: &str) -> Result<Vec<String>, String> {
-    let names: Vec<String> = value.split(',').map(|n| n.trim().to_string()).collect();
-    if names.iter().any(String::is_empty) {
-        return Err(if value.trim().is_empty() {
-            "no variable named; give NAME[,NAME...] or drop the option".to_string()
-        } else {
-            "an empty variable name (a ',' too many?); give NAME[,NAME...]".to_string()
-        });
-    }
-    for name in &names {
-        let valid = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !valid {
-            return Err(format!(
-                "'{name}' is not a variable name (letters, digits and _, not starting with a digit)"
-            ));
-        }
-    }
-    Ok(names)
-}
-
 /// The callback Slurm calls for each of berth's options, under the panic
 /// guard (a panic must not abort srun or slurmstepd).
 extern "C" fn option_callback(val: c_int, optarg: *const c_char, _remote: c_int) -> c_int {
-    super::plugin::guard("the option callback", || take_option(val, optarg))
+    super::guard::guard("the option callback", || take_option(val, optarg))
 }
 
 /// Checks and stores the value of option number `val`.

@@ -2,10 +2,10 @@
 //! short dispatch to `local` or `remote` by context.
 
 use std::ffi::{c_char, c_int, c_uint};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
 use super::ffi;
+use super::guard::guard;
 use super::handle::{self, Context, Spank};
 use super::{local, options, remote, resolve};
 use crate::config::Config;
@@ -36,36 +36,6 @@ static CONFIG: OnceLock<Config> = OnceLock::new();
 /// The configuration read at `slurm_spank_init`.
 pub fn config() -> &'static Config {
     CONFIG.get_or_init(Config::default)
-}
-
-/// Runs one callback body, turning errors and panics into a logged message
-/// and Slurm's error code (a panic must never unwind into Slurm).
-pub(super) fn guard(callback: &str, body: impl FnOnce() -> Result<(), String>) -> c_int {
-    guard_logging(callback, body, handle::log_error)
-}
-
-/// [`guard`], logging through `log`.
-fn guard_logging(
-    callback: &str,
-    body: impl FnOnce() -> Result<(), String>,
-    log: impl Fn(&str),
-) -> c_int {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => 0,
-        Ok(Err(message)) => {
-            log(&message);
-            -1
-        }
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| panic.downcast_ref::<&str>().copied())
-                .unwrap_or("unknown panic");
-            log(&format!("internal error in {callback}: {what}"));
-            -1
-        }
-    }
 }
 
 fn plugin_args(argc: c_int, argv: *mut *mut c_char) -> Vec<String> {
@@ -215,7 +185,14 @@ pub extern "C" fn slurm_spank_job_epilog(
         // read the plugstack arguments given here.
         let config =
             Config::from_plugstack_args(&plugin_args(argc, argv)).map_err(|e| e.to_string())?;
-        super::named_step::job_epilog(&Spank::from_raw(sp), &config)
+        let job = match std::env::var("SLURM_JOB_ID")
+            .ok()
+            .and_then(|j| j.parse().ok())
+        {
+            Some(job) => job,
+            None => Spank::from_raw(sp).job_id().map_err(|e| e.to_string())?,
+        };
+        crate::step::named::job_epilog(job, &config, &remote::SpankReport)
     })
 }
 
@@ -232,22 +209,4 @@ pub extern "C" fn slurm_spank_exit(
         }
         Ok(())
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_panic_in_a_callback_is_an_error_code_and_a_message() {
-        let logged = std::cell::RefCell::new(Vec::new());
-        let log = |m: &str| logged.borrow_mut().push(m.to_string());
-        assert_eq!(guard_logging("cb", || Ok(()), log), 0);
-        assert_eq!(guard_logging("cb", || Err("bad".into()), log), -1);
-        assert_eq!(
-            guard_logging("cb", || -> Result<(), String> { panic!("boom") }, log),
-            -1
-        );
-        assert_eq!(*logged.borrow(), ["bad", "internal error in cb: boom"]);
-    }
 }

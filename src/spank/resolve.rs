@@ -25,12 +25,7 @@ use super::options::JobOptions;
 use crate::config::Config;
 use crate::reference::{ImageRef, ImageSource};
 use crate::registry::{RegistryClient, RegistryError, RegistryOptions, RetryPolicy, Timeouts};
-
-/// The job environment variable carrying the pin: `AS_GIVEN PINNED` (image
-/// references never contain spaces). A `SLURM_` name because Slurm hands
-/// `SLURM_*` variables of srun's and sbatch's environment to every step, also
-/// with `--export=NONE`.
-pub const PIN_VARIABLE: &str = "SLURM_SPANK_BERTH_IMAGE_PIN";
+pub use crate::step::pin::{for_step, pin_for, PIN_VARIABLE};
 
 /// How long submission waits for the registry at most (connect, then each
 /// read); two tries. A registry that does not answer in that time is treated
@@ -50,32 +45,6 @@ pub enum Pinning {
     /// The registry could not be asked: the nodes resolve the tag. The text
     /// says why.
     Deferred(String),
-}
-
-/// The pinned reference in `variable` (a [`PIN_VARIABLE`] value) when it
-/// was made for exactly the text `image` and names the same registry,
-/// repository and user with a digest; `None` otherwise.
-pub fn pin_for(image: &str, variable: Option<&str>) -> Option<String> {
-    let (given, pinned) = variable?.split_once(' ')?;
-    if given != image {
-        return None;
-    }
-    let Ok(ImageSource::Registry(wanted)) = ImageSource::parse(image) else {
-        return None;
-    };
-    let got = ImageRef::parse(pinned).ok()?;
-    let same = got.digest.is_some()
-        && got.registry == wanted.registry
-        && got.repository == wanted.repository
-        && got.user == wanted.user
-        && (wanted.digest.is_none() || wanted.digest == got.digest);
-    same.then(|| pinned.to_string())
-}
-
-/// The image a step pulls: the pinned reference when the job environment's
-/// [`PIN_VARIABLE`] holds one for this exact `image` text, else `image`.
-pub fn for_step(image: &str, variable: Option<&str>) -> String {
-    pin_for(image, variable).unwrap_or_else(|| image.to_string())
 }
 
 /// `image` pinned to `digest`, in a form that parses back to the same user,

@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 
-use super::fsutil::tree_size;
 use super::{ImageMeta, Store};
+use crate::fsutil::tree_size;
 use crate::image::CONVERTER_VERSION;
 use crate::reference::ImageRef;
 use crate::registry::Digest;

@@ -18,8 +18,8 @@ use std::time::SystemTime;
 
 use anyhow::{bail, Context, Result};
 
-use super::fsutil::sweep_temp;
 use super::Store;
+use crate::fsutil::sweep_temp;
 use crate::registry::Digest;
 use crate::safepath::RootDir;
 

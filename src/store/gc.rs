@@ -8,11 +8,11 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Result};
 
-use super::fsutil::{sweep_temp, tree_size};
 use super::remove::RemoveOutcome;
-use super::units::format_size;
 use super::{ImageEntry, Store};
+use crate::fsutil::{sweep_temp, tree_size};
 use crate::registry::Digest;
+use crate::units::format_size;
 
 /// What `gc` should do beyond removing garbage.
 #[derive(Debug, Clone, Default)]
@@ -189,10 +189,10 @@ impl Store {
         }
         let mut removed = Vec::new();
         for dir in dirs {
-            removed.extend(super::fsutil::sweep_temp_if(&dir, old_enough)?);
+            removed.extend(crate::fsutil::sweep_temp_if(&dir, old_enough)?);
         }
         if self.is_shared() {
-            removed.extend(super::fsutil::sweep_temp_if(
+            removed.extend(crate::fsutil::sweep_temp_if(
                 &self.retired_dir(),
                 old_enough,
             )?);

@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use super::fsutil::{lock_shared, try_lock_exclusive};
 use super::{Store, StoredImage};
+use crate::fsutil::{lock_shared, try_lock_exclusive};
 use crate::seal::{seal, SealedFile};
 
 /// A shared lock on a stored image's squashfs file: while it lives, `rmi` and

@@ -12,8 +12,8 @@ use anyhow::{bail, Context, Result};
 
 use super::catalog::LAST_USED;
 use super::files::{MAX_CONFIG_BYTES, MAX_MANIFEST_BYTES};
-use super::fsutil::{sync_dir, write_synced, FileLock, TempEntry};
 use super::{ImageMeta, Store, StoredImage};
+use crate::fsutil::{sync_dir, write_synced, FileLock, TempEntry};
 use crate::image::{ImageConfig, CONVERTER_VERSION};
 use crate::registry::digest::HashingWriter;
 use crate::registry::Digest;

@@ -45,7 +45,6 @@ mod archive;
 mod board;
 mod catalog;
 mod files;
-pub(crate) mod fsutil;
 mod gc;
 mod hold;
 mod import;
@@ -58,7 +57,6 @@ mod pull;
 mod remove;
 pub mod shared;
 mod toolstream;
-pub mod units;
 mod userfile;
 
 use std::fs;
@@ -73,8 +71,8 @@ use crate::image::{ImageConfig, CONVERTER_VERSION};
 use crate::reference::{ImageRef, ImageSource};
 use crate::registry::{Digest, Platform, RegistryOptions};
 
+pub use crate::fsutil::FileLock;
 pub use catalog::ImageEntry;
-pub use fsutil::FileLock;
 pub use gc::{GcOptions, GcReport, Removed};
 pub use hold::ImageHold;
 pub use import::{FanoutSource, ImportRequest};
@@ -269,7 +267,7 @@ impl Store {
     /// (a node store), 0700 otherwise (a user's private cache).
     pub fn open(root: impl AsRef<Path>) -> Result<Store> {
         let store = Store::open_unswept(root)?;
-        fsutil::sweep_temp(&store.tmp_dir())?;
+        crate::fsutil::sweep_temp(&store.tmp_dir())?;
         Ok(store)
     }
 
@@ -282,7 +280,7 @@ impl Store {
         shared::mark(root)?;
         let mut store = Store::open_unswept(root)?;
         store.shared = Some(settings);
-        fsutil::sweep_temp(&store.tmp_dir())?;
+        crate::fsutil::sweep_temp(&store.tmp_dir())?;
         Ok(store)
     }
 

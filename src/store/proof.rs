@@ -17,9 +17,9 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use super::fsutil::{write_synced, FileLock};
 use super::progress::Progress;
 use super::{ImageMeta, ImageOrigin, Store};
+use crate::fsutil::{write_synced, FileLock};
 use crate::reference::ImageRef;
 use crate::registry::{Digest, Platform, RegistryClient};
 
@@ -91,5 +91,5 @@ fn replace_meta(dir: &Path, meta: &ImageMeta) -> Result<()> {
         let _ = fs::remove_file(&tmp);
         format!("cannot replace {}", dir.join("meta.json").display())
     })?;
-    super::fsutil::sync_dir(dir)
+    crate::fsutil::sync_dir(dir)
 }

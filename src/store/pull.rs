@@ -12,9 +12,9 @@ use anyhow::{Context, Result};
 
 use super::board::Board;
 use super::catalog::LAST_USED;
-use super::fsutil::{sync_dir, write_synced, FileLock, TempEntry};
 use super::progress::{mb, LayerProgress, Progress};
 use super::{lease, origin, proof, shared, ImageMeta, Store, StoredImage};
+use crate::fsutil::{sync_dir, write_synced, FileLock, TempEntry};
 use crate::image::writeback::start_writeback;
 use crate::image::{self, ImageConfig, Layer, SquashfsOptions, CONVERTER_VERSION};
 use crate::reference::ImageRef;
@@ -75,7 +75,7 @@ fn pull_unchecked(store: &Store, image: &ImageRef, options: &PullOptions) -> Res
     let started = std::time::Instant::now();
     let progress = Progress::new(options.progress);
     let client = RegistryClient::new(&options.registry);
-    // For `srun -v`'s per-node timings (spank::timings reads this line).
+    // For `srun -v`'s per-node timings (step::timings reads this line).
     let looked_up = || {
         progress.say(format!(
             "looked up {image} in {} ms",

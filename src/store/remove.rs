@@ -13,9 +13,9 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 
 use super::catalog::ImageEntry;
-use super::fsutil::{sync_dir, tree_size, FileLock, TempEntry};
 use super::hold::{lock_unused, Exclusive};
 use super::Store;
+use crate::fsutil::{sync_dir, tree_size, FileLock, TempEntry};
 use crate::registry::Digest;
 
 /// What [`Store::remove_image`] did.

@@ -34,9 +34,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 
 use super::catalog::LAST_USED;
-use super::fsutil::{sync_dir, write_synced, FileLock, TempEntry};
 use super::toolstream::ToolStream;
 use super::{archive, ImageMeta, Store, StoredImage, SQUASHFS_MAGIC};
+use crate::fsutil::{sync_dir, write_synced, FileLock, TempEntry};
 use crate::image::{self, Layer, SquashfsOptions, CONVERTER_VERSION};
 use crate::registry::digest::HashingWriter;
 use crate::registry::Digest;

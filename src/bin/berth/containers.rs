@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 
 use berth::named::{check_name, NamedKey, NamedRoots, Scope};
-use berth::store::units::format_size;
+use berth::units::format_size;
 
 use crate::store_args::StoreDir;
 

@@ -4,8 +4,8 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 
-use berth::store::units::format_size;
 use berth::store::{GcOptions, Store};
+use berth::units::format_size;
 
 use crate::store_args::{parse_age_arg, parse_size_arg, StoreDir};
 

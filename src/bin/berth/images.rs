@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 
-use berth::store::units::{format_size, format_utc};
+use berth::units::{format_size, format_utc};
 
 use crate::store_args::StoreDir;
 

@@ -6,10 +6,11 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 
 use berth::config::Config;
-use berth::container::spec::{parse_mounts, ContainerSpec, UserIdentity};
+use berth::container::spec::{parse_mounts, UserIdentity};
 use berth::container::{spawn_holder, Mode};
 use berth::inject::{self, gpu::GpuRequest};
 use berth::reference::ImageSource;
+use berth::step::spec::{image_spec, ImageSpec, SpecError};
 use berth::store::{ProgressMode, Store};
 
 use crate::pull::cli_pull;
@@ -74,7 +75,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
         mount_specs.extend(parse_mounts(text).with_context(|| format!("--mount {text}"))?);
     }
     let cwd = std::env::current_dir().context("cannot read the working directory")?;
-    berth::container::spec::resolve_relative_sources(&mut mount_specs, &cwd);
     if let Some(dir) = &workdir {
         if !dir.starts_with('/') {
             bail!("--workdir {dir}: must be an absolute path inside the container");
@@ -84,11 +84,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let gid = nix::unistd::getgid().as_raw();
     let user =
         UserIdentity::lookup(uid, gid).with_context(|| format!("cannot look up user {uid}"))?;
-    let mut spec = ContainerSpec::new(stored.squashfs.clone(), stored.config.clone(), user);
-    spec.mounts = mount_specs;
-    spec.workdir = workdir;
-    // Root's hold sealed a store image: the holder mounts only that file.
-    spec.sealed_image = hold.as_ref().and_then(|h| h.sealed());
     let gpus = match gpus {
         Some(text) => {
             let request = GpuRequest::parse(&text).map_err(anyhow::Error::msg)?;
@@ -97,16 +92,28 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         None => None,
     };
-    let request = inject::Request {
-        mpi,
-        gpus,
-        cdi_devices: devices,
-    };
-    spec.injection = inject::resolve(&config.inject, &request, &spec.image_config)
-        .with_context(|| format!("cannot prepare what to inject into {source}"))?;
-    spec.image_config
-        .env
-        .extend(spec.injection.env.iter().cloned());
+    // The same start as the plugin's steps: image, user, mounts, workdir,
+    // the sealed copy of a held store image, what to inject.
+    let spec = image_spec(ImageSpec {
+        stored: &stored,
+        hold: hold.as_ref(),
+        user,
+        mounts: mount_specs,
+        site_mounts: Vec::new(),
+        site_env: Vec::new(),
+        cwd: Some(&cwd),
+        workdir,
+        inject: &config.inject,
+        request: inject::Request {
+            mpi,
+            gpus,
+            cdi_devices: devices,
+        },
+    })
+    .map_err(|e| match e {
+        SpecError::Inject(e) => e.context(format!("cannot prepare what to inject into {source}")),
+        other => anyhow::anyhow!("--mount: {other}"),
+    })?;
     let mode = if uid == 0 {
         Mode::Privileged
     } else {

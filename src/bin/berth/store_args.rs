@@ -7,8 +7,8 @@ use anyhow::{bail, Result};
 
 use berth::config::{parse_mirrors, Config};
 use berth::helper::PullSettings;
-use berth::store::units::parse_size;
 use berth::store::{ProgressMode, Store};
+use berth::units::parse_size;
 
 /// The flags of a verb that pulls (`pull`, `run`).
 #[derive(clap::Args)]
@@ -84,7 +84,7 @@ pub fn parse_size_arg(text: &str) -> Result<u64, String> {
 
 /// Parses an age flag (`8d`, `36h`).
 pub fn parse_age_arg(text: &str) -> Result<std::time::Duration, String> {
-    berth::store::units::parse_age(text).map_err(|e| e.to_string())
+    berth::units::parse_age(text).map_err(|e| e.to_string())
 }
 
 impl StoreArgs {

@@ -6,31 +6,22 @@
 //! namespaces or build a container on the kept root, and publish this step's
 //! record so later steps can join it too.
 
-use std::fs::File;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::handle;
-use super::remote::{
-    build_spec, keep_job_env, pull_and_hold, save_request, PendingSave, StepContainer, StepContext,
-};
-use crate::config::Config;
+use super::container::{report_start, NamedUse, PendingSave, StepContainer};
+use super::context::StepContext;
+use super::image::pull_and_hold;
+use super::report::Report;
+use super::spec::{build_spec, keep_job_env, save_request};
+use crate::config::{Config, ContainerScope};
 use crate::container::{spawn_holder, Container, ContainerSpec, Mode, Namespace};
-use crate::named::running::Publication;
+use crate::fsutil::FileLock;
 use crate::named::{
     decide, Action, ContainerName, NameFlag, NamedKey, NamedMeta, NamedRoot, NamedRoots, Registry,
     RunningStep, Scope,
 };
 use crate::privilege::with_root;
-use crate::store::fsutil::FileLock;
 use crate::store::{ImageHold, StoredImage};
-
-/// What a step using a named container holds until it lets go.
-pub(super) struct NamedUse {
-    /// This step's record: later steps may join through it.
-    _publication: Publication,
-    /// A shared lock on the container's folder: `berth containers rm` waits.
-    _hold: Option<File>,
-}
 
 /// How long a `NAME:no_exec` step waits at most for the step that runs the
 /// container to end (berth mounts a kept root once at a time).
@@ -41,29 +32,29 @@ const NO_EXEC_POLL: Duration = Duration::from_millis(100);
 
 /// Starts this step in the named container `name`; returns the container
 /// and what was done (joined, reused, created), for the log.
-pub(super) fn start(
-    ctx: &StepContext,
-    name: &ContainerName,
-) -> Result<(StepContainer, String), String> {
-    let scope = if is_unnamed_step_name(&name.name, ctx.job) {
-        Scope::Job(ctx.job)
-    } else {
-        match ctx.config.container_scope.as_str() {
-            "global" => Scope::Global,
-            _ => Scope::Job(ctx.job),
-        }
-    };
+pub fn start(ctx: &StepContext, name: &ContainerName) -> Result<(StepContainer, String), String> {
     let key = NamedKey {
         uid: ctx.user.uid,
-        scope,
+        scope: scope_of(&name.name, ctx.job, ctx.config.container_scope),
         name: name.name.clone(),
     };
     with_root(|| start_as_root(ctx, name, &key))
 }
 
+/// The scope of container `name` in job `job`: the job's for `JOB.STEP`
+/// of this job (an unnamed step's container), else the site's
+/// `container_scope`.
+pub fn scope_of(name: &str, job: u32, container_scope: ContainerScope) -> Scope {
+    if !is_unnamed_step_name(name, job) && container_scope == ContainerScope::Global {
+        Scope::Global
+    } else {
+        Scope::Job(job)
+    }
+}
+
 /// Whether `name` is `JOB.STEP` of this job: the name pyxis gives the
 /// container of an unnamed step, which other steps of the job may join.
-fn is_unnamed_step_name(name: &str, job: u32) -> bool {
+pub fn is_unnamed_step_name(name: &str, job: u32) -> bool {
     name.split_once('.').is_some_and(|(j, step)| {
         j == job.to_string() && !step.is_empty() && step.bytes().all(|b| b.is_ascii_digit())
     })
@@ -82,7 +73,7 @@ fn unnamed_key(uid: u32, job: u32, step: u32) -> NamedKey {
 /// Publishes the container of an unnamed step, so that another step of the
 /// same user and job joins it with `--container-name=JOB.STEP` (as with
 /// pyxis). Nothing is kept on disk: the record goes with the step.
-pub(super) fn publish_unnamed(
+pub fn publish_unnamed(
     ctx: &StepContext,
     container: &Container,
     spec: &ContainerSpec,
@@ -100,8 +91,8 @@ pub(super) fn publish_unnamed(
             RunningStep::of_container(container, spec, ctx.job, ctx.step).map_err(describe)?;
         let publication = registry.publish(&key, &record).map_err(describe)?;
         Ok(NamedUse {
-            _publication: publication,
-            _hold: None,
+            publication,
+            hold: None,
         })
     })
 }
@@ -130,7 +121,7 @@ fn lock_and_look(
         }
         drop(decision);
         if !told {
-            handle::log_user(&format!(
+            ctx.report.user(&format!(
                 "{}: --container-name={}:no_exec: waiting (up to {} s) for step {}.{} to let go \
                  of the container",
                 ctx.node,
@@ -171,7 +162,7 @@ fn start_as_root(
                 spec.workdir = Some(workdir.clone());
             }
             if let Some(mounts) = &ctx.options.mounts {
-                handle::log_user(&format!(
+                ctx.report.user(&format!(
                     "{}: warning: ignoring --container-mounts={mounts}: container '{}' is \
                      already running (step {}.{}) and keeps its mounts",
                     ctx.node, key.name, record.job, record.step
@@ -194,8 +185,7 @@ fn start_as_root(
         }
         (_, _) => {
             let image = ctx.options.image.clone().unwrap_or_default();
-            let (stored, image_hold) =
-                pull_and_hold(ctx.config, &ctx.store, &image, &ctx.requester())?;
+            let (stored, image_hold) = pull_and_hold(ctx, &image)?;
             let meta = NamedMeta {
                 name: key.name.clone(),
                 uid: key.uid,
@@ -222,6 +212,8 @@ fn start_as_root(
         PendingSave {
             request: save_request(&spec, &overlay_dir, output),
             scratch: None,
+            helper: ctx.config.helper_path.clone(),
+            node: ctx.node.clone(),
         }
     });
     let step = StepContainer {
@@ -229,8 +221,8 @@ fn start_as_root(
         keep_job_env: keep_job_env(&ctx.options)?,
         image_hold,
         named: Some(NamedUse {
-            _publication: publication,
-            _hold: holds,
+            publication,
+            hold: holds,
         }),
         save,
     };
@@ -287,8 +279,7 @@ fn build(
                 root.meta.name, root.meta.image
             )
         })?;
-    super::remote::report_entrypoint(ctx, &container);
-    super::remote::report_warnings(ctx, &container);
+    report_start(ctx, &container);
     Ok((container, spec))
 }
 
@@ -308,7 +299,7 @@ fn root_image(
             }
         }
     }
-    let (stored, hold) = pull_and_hold(ctx.config, store, &meta.image, &ctx.requester())?;
+    let (stored, hold) = pull_and_hold(ctx, &meta.image)?;
     if stored.manifest_digest != meta.manifest_digest {
         return Err(format!(
             "named container '{}' was made from image {} ({}), which is no longer in the node \
@@ -330,14 +321,7 @@ fn root_image(
 /// slurmd's job epilog on each node (root): removes the job-scoped named
 /// containers of the job and their records. Their mounts are already gone:
 /// they lived only in the namespaces of the job's steps.
-pub(super) fn job_epilog(spank: &super::handle::Spank, config: &Config) -> Result<(), String> {
-    let job = match std::env::var("SLURM_JOB_ID")
-        .ok()
-        .and_then(|j| j.parse().ok())
-    {
-        Some(job) => job,
-        None => spank.job_id().map_err(|e| e.to_string())?,
-    };
+pub fn job_epilog(job: u32, config: &Config, report: &dyn Report) -> Result<(), String> {
     let node = std::env::var("SLURMD_NODENAME")
         .ok()
         .filter(|n| !n.is_empty())
@@ -354,10 +338,10 @@ pub(super) fn job_epilog(spank: &super::handle::Spank, config: &Config) -> Resul
     // An untrusted runtime folder is the admin's to fix; it must not drain
     // the node: logged, not failed.
     if let Err(e) = Registry::new(&config.runtime_dir, &node).remove_job(job) {
-        handle::log_error(&format!("cannot remove the records of job {job}: {e:#}"));
+        report.error(&format!("cannot remove the records of job {job}: {e:#}"));
     }
     if !removed.is_empty() {
-        handle::log_verbose(&format!(
+        report.verbose(&format!(
             "job {job}: removed its named containers on {node}"
         ));
     }
@@ -365,13 +349,13 @@ pub(super) fn job_epilog(spank: &super::handle::Spank, config: &Config) -> Resul
     // user left in their fan-out folder is logged and left.
     let cleanup = crate::fanout::remove_job(&config.fanout_dir(&node), job);
     for mount in &cleanup.detached {
-        handle::log_info(&format!(
+        report.info(&format!(
             "job {job}: detached the mount {} its user left in the fan-out folder",
             mount.display()
         ));
     }
     for left in &cleanup.left {
-        handle::log_error(&format!("job {job}: fan-out folder: {left}"));
+        report.error(&format!("job {job}: fan-out folder: {left}"));
     }
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! Small file system helpers for the store: locks, temp entries, syncing.
+//! Small file system helpers (the store and the named containers use them): locks, temp entries, syncing.
 //!
 //! Locks are `flock(2)` on open files, so they die with the process that held
 //! them: no lock file is ever "stale". Temp entries are locked by their writer

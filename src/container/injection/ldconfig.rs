@@ -76,7 +76,7 @@ pub fn rebuild_cache(
         // no locks), which is safe between fork and exec.
         unsafe {
             command.pre_exec(move || {
-                crate::container::creds::become_user(uid, gid, &groups)?;
+                crate::privilege::become_user(uid, gid, &groups)?;
                 if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }

@@ -10,64 +10,29 @@
 //! `fanout_intent_wait` (no intent: the first node had the image) and
 //! `fanout_wait`.
 
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use super::handle::{self, Spank};
-use super::remote::{self, run_pull, StepContext};
-use crate::config::{Config, FanoutMode};
+use super::context::{FanoutStep, StepContext};
+use super::image::{self, run_pull};
+use crate::config::Config;
 use crate::fanout::{JobUser, ReceiveRequest, SendRequest, SendWhat, FANOUT_ARG};
 use crate::privilege::with_root;
 use crate::puller::Answer;
 use crate::reference::ImageSource;
 use crate::store::{ImageHold, StoredImage};
 
-/// A step that fans out, as seen from this node.
-#[derive(Debug, Clone)]
-pub(super) struct FanoutStep {
-    /// This node's index in the step (0 sends).
-    node_id: u32,
-    /// The step's node count.
-    node_count: u32,
-    /// slurmd's `SLURM_CONF`, for `sbcast`.
-    slurm_conf: Option<PathBuf>,
-}
-
-impl FanoutStep {
-    /// This node's part in the step's fan-out; `None` when the step does not
-    /// fan out (`fanout=none`, fewer nodes than `fanout_min_nodes`).
-    pub(super) fn of(spank: &Spank, config: &Config) -> Result<Option<FanoutStep>, String> {
-        // A shared store already gives one pull for the whole cluster.
-        if config.fanout.mode == FanoutMode::None || config.store_shared {
-            return Ok(None);
-        }
-        let nodes = spank.node_count().map_err(|e| e.to_string())?;
-        if !config.fanout.applies_to(nodes) {
-            return Ok(None);
-        }
-        Ok(Some(FanoutStep {
-            node_id: spank.node_id().map_err(|e| e.to_string())?,
-            node_count: nodes,
-            slurm_conf: std::env::var_os("SLURM_CONF").map(PathBuf::from),
-        }))
-    }
-}
-
 /// Pulls the step's image (fanning it out when the step does) and holds it.
-pub(super) fn pull_and_hold(
+pub fn pull_and_hold(
     ctx: &StepContext,
     image: &str,
 ) -> Result<(StoredImage, Option<ImageHold>), String> {
-    let (config, store) = (ctx.config, ctx.store.as_path());
     let step = match &ctx.fanout {
         Some(step) if matches!(ImageSource::parse(image), Ok(ImageSource::Registry(_))) => step,
-        _ => return remote::pull_and_hold(config, store, image, &ctx.requester()),
+        _ => return image::pull_and_hold(ctx, image),
     };
-    let missing = match run_pull(config, store, image, &ctx.requester(), true)? {
-        Answer::Stored(stored) => {
-            return remote::hold(config, store, image, *stored, &ctx.requester())
-        }
+    let missing = match run_pull(ctx, image, true)? {
+        Answer::Stored(stored) => return image::hold(ctx, image, *stored),
         Answer::NotInStore(digest) => digest,
     };
     if step.node_id == 0 {
@@ -92,16 +57,17 @@ fn send_side(
             manifest_digest: digest,
         },
     ) {
-        handle::log_info(&format!("fan-out: cannot announce the pull: {e}"));
+        ctx.report
+            .info(&format!("fan-out: cannot announce the pull: {e}"));
     }
-    match remote::pull_and_hold(ctx.config, &ctx.store, image, &ctx.requester()) {
+    match image::pull_and_hold(ctx, image) {
         Ok((stored, hold)) => {
             let what = SendWhat::Image {
                 manifest_digest: stored.manifest_digest.clone().unwrap_or_default(),
             };
             match send(ctx, step, image, what) {
-                Ok(report) => handle::log_info(&format!("{}: fan-out: {report}", ctx.node)),
-                Err(e) => handle::log_user(&format!(
+                Ok(report) => ctx.report.info(&format!("{}: fan-out: {report}", ctx.node)),
+                Err(e) => ctx.report.user(&format!(
                     "{}: fan-out: could not send {image} to the step's nodes (they pull it \
                      themselves): {e}",
                     ctx.node
@@ -114,7 +80,8 @@ fn send_side(
                 reason: format!("its pull failed: {error}"),
             };
             if let Err(e) = send(ctx, step, image, what) {
-                handle::log_info(&format!("fan-out: cannot tell the others: {e}"));
+                ctx.report
+                    .info(&format!("fan-out: cannot tell the others: {e}"));
             }
             Err(error)
         }
@@ -145,19 +112,19 @@ fn receive_side(
         Ok(stdout) => {
             let stored: StoredImage = serde_json::from_str(&stdout)
                 .map_err(|e| format!("the fan-out helper gave an unreadable answer: {e}"))?;
-            handle::log_user(&format!(
+            ctx.report.user(&format!(
                 "{}: {image}: received from the step's first node in {:.1} s",
                 ctx.node,
                 started.elapsed().as_secs_f64()
             ));
-            remote::hold(ctx.config, &ctx.store, image, stored, &ctx.requester())
+            image::hold(ctx, image, stored)
         }
         Err(reason) => {
-            handle::log_user(&format!(
+            ctx.report.user(&format!(
                 "{}: fan-out: {reason}; pulling {image} from the registry",
                 ctx.node
             ));
-            remote::pull_and_hold(ctx.config, &ctx.store, image, &ctx.requester())
+            image::pull_and_hold(ctx, image)
         }
     }
 }

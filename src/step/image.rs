@@ -1,0 +1,199 @@
+//! The step's image: pulled into the node store as the pull user (with the
+//! job user's credentials), or a user's squashfs file re-packed into it,
+//! then held for the step's time (`berth rmi` and `berth gc` wait).
+
+use std::path::{Path, PathBuf};
+
+use super::context::StepContext;
+use crate::helper::PullSettings;
+use crate::privilege::with_root;
+use crate::puller::{Answer, CredentialsFrom, PullRequest};
+use crate::reference::ImageSource;
+use crate::store::{ImageHold, Store, StoredImage};
+
+/// Pulls the image and takes a shared hold on it for the step. `berth gc` may
+/// remove an image between the pull and the hold: then pull once more.
+pub fn pull_and_hold(
+    ctx: &StepContext,
+    image: &str,
+) -> Result<(StoredImage, Option<ImageHold>), String> {
+    let stored = pull(ctx, image)?;
+    hold(ctx, image, stored)
+}
+
+/// Takes a shared hold on a pulled image for the step; pulls once more when
+/// `berth gc` removed it in between.
+pub fn hold(
+    ctx: &StepContext,
+    image: &str,
+    mut stored: StoredImage,
+) -> Result<(StoredImage, Option<ImageHold>), String> {
+    let store = ctx.store.as_path();
+    if stored.manifest_digest.is_none() {
+        return Ok((stored, None)); // a squashfs file given by path, not in the store
+    }
+    let open = || with_root(|| Store::open_unswept(store)).map_err(|e| format!("{e:#}"));
+    let hold = match with_root(|| open()?.hold(&stored).map_err(|e| format!("{e:#}"))) {
+        Ok(hold) => hold,
+        Err(_) => {
+            stored = pull(ctx, image)?;
+            with_root(|| open()?.hold(&stored).map_err(|e| format!("{e:#}")))?
+        }
+    };
+    Ok((stored, Some(hold)))
+}
+
+/// Gets `image` for the step: a squashfs file given by path is checked with
+/// the user's own permissions; a registry image is pulled into the node
+/// store as the pull user with the user's credentials ([`crate::puller`]).
+/// Called with the user's effective ids (`user_init`).
+pub fn pull(ctx: &StepContext, image: &str) -> Result<StoredImage, String> {
+    match run_pull(ctx, image, false)? {
+        Answer::Stored(stored) => Ok(*stored),
+        Answer::NotInStore(digest) => Err(format!(
+            "the berth helper did not pull '{image}' ({digest}) into the store"
+        )),
+    }
+}
+
+/// A squashfs file the user gave by path, opened with the user's identity
+/// (also where slurmstepd runs this as root: a named container),
+/// non-blocking, and checked on the descriptor (a regular file: a FIFO or
+/// a device fails at once). Refused when it lies in the node store (whose
+/// images only the registry's access check hands out): by the path as
+/// written, and by the path the opened file resolved to. Then re-packed
+/// into the store by the pull user ([`crate::puller::import_file`]): the
+/// step mounts the store's copy, never the user's file.
+fn user_squashfs(ctx: &StepContext, path: &Path) -> Result<StoredImage, String> {
+    let (config, store, user) = (ctx.config, ctx.store.as_path(), &ctx.user);
+    let canonical_store = with_root(|| std::fs::canonicalize(store)).ok();
+    let in_store = |p: &Path| {
+        let p = lexically_normal(p);
+        p.starts_with(store) || canonical_store.as_ref().is_some_and(|c| p.starts_with(c))
+    };
+    let refused = || {
+        format!(
+            "--container-image={}: the file is inside the node's image store {}, whose \
+             images are handed out only by reference (the registry decides who may read \
+             them): give the image's reference (e.g. docker://REGISTRY#REPO:TAG) instead",
+            path.display(),
+            store.display()
+        )
+    };
+    if in_store(path) {
+        return Err(refused());
+    }
+    let mut file = crate::container::loopdev::open_as(path, user)
+        .map_err(|e| format!("cannot open squashfs image {}: {e}", path.display()))?;
+    let checked = Store::squashfs_file_from(path, &mut file).map_err(|e| format!("{e:#}"))?;
+    if in_store(&checked.squashfs) {
+        return Err(refused());
+    }
+    // The kernel never parses the user's bytes: the pull user re-packs them
+    // into the store (once per content), and the step mounts that copy.
+    let request = crate::puller::ImportRequest {
+        helper: &config.helper_path,
+        store,
+        pull_user: &config.pull_user,
+        name: path,
+        max_image_size: config.max_image_size,
+        shared: PullSettings::from_config(config).shared,
+    };
+    let node = host_name();
+    let show = |line: &str| ctx.report.user(&format!("{node}: {line}"));
+    crate::puller::import_file(&request, &file, &show)
+}
+
+/// An image of a local container engine, saved as the user and converted
+/// by the pull user ([`crate::puller::import_daemon`]).
+fn daemon_image(
+    ctx: &StepContext,
+    source: &crate::reference::DaemonImage,
+) -> Result<StoredImage, String> {
+    let config = ctx.config;
+    let name = PathBuf::from(source.to_string());
+    let request = crate::puller::ImportRequest {
+        helper: &config.helper_path,
+        store: &ctx.store,
+        pull_user: &config.pull_user,
+        name: &name,
+        max_image_size: config.max_image_size,
+        shared: PullSettings::from_config(config).shared,
+    };
+    let node = host_name();
+    let show = |line: &str| ctx.report.user(&format!("{node}: {line}"));
+    crate::puller::import_daemon(&request, source, &ctx.requester(), &show)
+}
+
+/// `path` without `.` and `..` components (taken lexically; `/..` is `/`).
+fn lexically_normal(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// [`pull`]; with `cached_only`, only looks in the store (after asking the
+/// registry for the manifest, as every pull does).
+pub fn run_pull(ctx: &StepContext, image: &str, cached_only: bool) -> Result<Answer, String> {
+    let (config, store) = (ctx.config, ctx.store.as_path());
+    let reference = match ImageSource::parse(image).map_err(|e| format!("{e:#}"))? {
+        ImageSource::SquashfsFile(path) => {
+            return user_squashfs(ctx, &path).map(|stored| Answer::Stored(Box::new(stored)))
+        }
+        ImageSource::Daemon(source) => {
+            return daemon_image(ctx, &source).map(|stored| Answer::Stored(Box::new(stored)))
+        }
+        ImageSource::Registry(reference) => reference,
+    };
+    let node = host_name();
+    // Progress lines reach the user while the pull runs (one per node every
+    // few seconds), and the final "pulled" line when the image was fetched.
+    let show = |line: &str| ctx.report.user(line);
+    let request = PullRequest {
+        helper: &config.helper_path,
+        store,
+        image: &reference,
+        pull_user: &config.pull_user,
+        settings: PullSettings::from_config(config),
+        progress_lines: true,
+        cached_only,
+        forward: Some((format!("{node}: {image}"), &show)),
+    };
+    let pulled = crate::puller::pull(&request, CredentialsFrom::User(&ctx.requester()))?;
+    super::timings::record_helper_output(&pulled.stderr);
+    super::timings::helper_notes(&pulled.stderr)
+        .iter()
+        .for_each(|note| ctx.report.user(note));
+    Ok(pulled.answer)
+}
+
+/// The host's name as the pull's messages show it (the full name, as
+/// `gethostname` gives it).
+fn host_name() -> String {
+    nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_normalized_lexically() {
+        assert_eq!(
+            lexically_normal(Path::new("/a/./b/../c")),
+            Path::new("/a/c")
+        );
+        assert_eq!(lexically_normal(Path::new("/../x")), Path::new("/x"));
+    }
+}
