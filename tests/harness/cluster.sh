@@ -252,6 +252,10 @@ UnkillableStepTimeout=120
 InactiveLimit=0
 MailProg=/bin/true
 MinJobAge=60
+# Job ids of this instance's own (from its subnet and slot): a test that
+# looks for a job's mounts or files by its id never finds those of another
+# cluster running beside it (tests/run.sh runs the release roots' at once).
+FirstJobId=$(((${SUBNET##*.} * 4 + SLOT) * 50000 + 1))
 $(task_script_lines)
 
 EOF
@@ -272,9 +276,19 @@ EOF
 
     # Bind-mounted over /etc/hosts inside the controller's and the nodes'
     # mount namespaces: names resolve without touching the host's file.
+    # This machine's own name too, at the bridge address, where the nodes and
+    # the controller reach srun and sbatch: slurmctld 24.11 and later look
+    # up the submitting host by name (its alloc_node) when they tell srun
+    # that its job ended or is killed, and retry an unknown name for 10 s,
+    # past MessageTimeout, so that the srun, salloc or scancel waiting on
+    # that RPC fails with "Socket timed out on send/recv operation".
+    local me
+    me=$(hostname)
     {
         printf '127.0.0.1\tlocalhost\n'
         printf '%s\t%s\n' "$BRIDGE_IP" "$CTLD_HOSTNAME"
+        [[ $me == localhost || $me == "$CTLD_HOSTNAME" || $me =~ ^node[0-9]+$ ]] ||
+            printf '%s\t%s\n' "$BRIDGE_IP" "$me"
         for ((i = 1; i <= NODES; i++)); do
             printf '%s\t%s\n' "$(node_ip "$i")" "$(node_name "$i")"
         done
