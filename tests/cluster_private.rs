@@ -399,6 +399,20 @@ fn a_password_command_in_the_credentials_file_runs_as_the_user() {
     );
 }
 
+/// The inodes of the cluster's node network namespaces.
+fn node_namespaces(cluster: &Cluster) -> HashSet<u64> {
+    let name = cluster.var("BERTH_TEST_NAME");
+    cluster
+        .var("BERTH_TEST_NODE_NAMES")
+        .split(',')
+        .map(|node| {
+            std::fs::metadata(format!("/var/run/netns/{name}-{node}"))
+                .unwrap()
+                .ino()
+        })
+        .collect()
+}
+
 /// Whether `pid` lives in one of the test cluster's node network namespaces
 /// (slurmd, slurmstepd, the helpers and tasks all do).
 fn in_cluster(pid: &str, namespaces: &HashSet<u64>) -> bool {
@@ -470,16 +484,7 @@ fn credentials_never_show_and_the_puller_is_the_pull_user() {
     // debian: big enough that the pull lasts a while.
     let (image, _) = push_private(&cluster, "debian:bookworm", &repository);
     let (_base, password, own) = own_enroot_credentials(&cluster);
-    let name = cluster.var("BERTH_TEST_NAME");
-    let namespaces: HashSet<u64> = cluster
-        .var("BERTH_TEST_NODE_NAMES")
-        .split(',')
-        .map(|node| {
-            std::fs::metadata(format!("/var/run/netns/{name}-{node}"))
-                .unwrap()
-                .ino()
-        })
-        .collect();
+    let namespaces = node_namespaces(&cluster);
     let stop = AtomicBool::new(false);
     let seen = Mutex::new(Sightings::default());
     let run = std::thread::scope(|s| {
@@ -856,9 +861,14 @@ impl BackgroundSleep {
             srun,
         };
         let user = uid_of(common::TEST_USER);
+        // This cluster's sleep only: another cluster may run this test too.
+        let namespaces = node_namespaces(cluster);
         let find = || {
             std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
                 let pid = e.file_name().to_string_lossy().into_owned();
+                if !in_cluster(&pid, &namespaces) {
+                    return None;
+                }
                 let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
                 let uid = e.metadata().ok()?.uid();
                 let words: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();

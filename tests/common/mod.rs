@@ -255,54 +255,154 @@ impl Cluster {
     }
 }
 
-/// Lines of `findmnt`/`losetup` output that belong to berth, anywhere on the host
-/// and in every node's mount namespace.
+/// Lines of `losetup`, mount table and `ps` output that belong to berth, in
+/// this cluster: its loop devices, the mounts in its nodes' (and this test's)
+/// mount namespaces, its helper processes. Other clusters on the machine
+/// (tests/run.sh runs the release roots' beside this one) are not looked at;
+/// without a configured cluster, everything on the host is.
 pub fn berth_leftovers() -> Vec<String> {
+    let scope = Cluster::get().map(|c| Scope::of(&c));
     let mut found = Vec::new();
     let losetup = Command::new("losetup").arg("-a").output().expect("losetup");
     for line in String::from_utf8_lossy(&losetup.stdout).lines() {
-        if line.contains("berth") || line.contains(".sqfs") {
+        let berth = line.contains("berth") || line.contains(".sqfs");
+        if berth && scope.as_ref().is_none_or(|s| s.names(line)) {
             found.push(format!("loop device: {line}"));
         }
     }
-    // Every mount namespace of every process: includes the slurmd nodes'.
+    let processes = processes();
+    let own_ns = std::fs::read_link("/proc/self/ns/mnt").ok();
     let mut seen = std::collections::HashSet::new();
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let pid = entry.file_name().to_string_lossy().into_owned();
-        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+    for process in &processes {
+        let ours = scope.as_ref().is_none_or(|s| s.owns(process, &processes));
+        let own_ns = process.mnt_ns.is_some() && process.mnt_ns == own_ns;
+        let helper =
+            process.cmdline.contains("berth __holder") || process.cmdline.contains("squashfuse");
+        if ours && helper {
+            found.push(format!("process: {} {}", process.pid, process.cmdline));
+        }
+        if !ours && !own_ns {
             continue;
         }
-        let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/mnt")) else {
-            continue;
-        };
-        if !seen.insert(ns) {
+        // Each mount namespace once: includes the slurmd nodes'.
+        let Some(ns) = &process.mnt_ns else { continue };
+        if !seen.insert(ns.clone()) {
             continue;
         }
-        let Ok(mounts) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) else {
+        let Ok(mounts) = std::fs::read_to_string(format!("/proc/{}/mountinfo", process.pid)) else {
             continue;
         };
         for line in mounts.lines() {
             let berth_runtime = line.contains(" /run/berth/")
                 || line.contains(" /run/berth ")
-                || line.contains("lowerdir=/run/berth/");
+                || line.contains("lowerdir=/run/berth/")
+                || scope.as_ref().is_some_and(|s| line.contains(&s.runtime));
             let image_fs = line.contains(" - squashfs ")
                 || line.contains("squashfuse")
                 || line.contains("fuse-overlayfs");
             if berth_runtime || image_fs {
-                found.push(format!("mount (pid {pid}): {line}"));
+                found.push(format!("mount (pid {}): {line}", process.pid));
             }
         }
     }
-    let ps = Command::new("ps")
-        .args(["-eo", "pid,args"])
-        .output()
-        .expect("ps");
-    for line in String::from_utf8_lossy(&ps.stdout).lines() {
-        if line.contains("berth __holder") || line.contains("squashfuse") {
-            found.push(format!("process: {line}"));
-        }
+    found
+}
+
+/// One process of the machine, as `/proc` shows it.
+struct Process {
+    pid: u32,
+    ppid: u32,
+    net_ns: Option<std::path::PathBuf>,
+    mnt_ns: Option<std::path::PathBuf>,
+    cmdline: String,
+}
+
+/// Every process now (those that end while being read are left out).
+fn processes() -> Vec<Process> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            continue;
+        };
+        let ppid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("PPid:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        found.push(Process {
+            pid,
+            ppid,
+            net_ns: std::fs::read_link(format!("/proc/{pid}/ns/net")).ok(),
+            mnt_ns: std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok(),
+            cmdline: String::from_utf8_lossy(&cmdline)
+                .replace('\0', " ")
+                .trim()
+                .to_string(),
+        });
     }
     found
+}
+
+/// What tells this cluster's processes and files from another cluster's.
+struct Scope {
+    /// The nodes' network namespaces (`net:[INODE]`).
+    node_netns: Vec<std::path::PathBuf>,
+    /// The cluster's state folder (node stores, work folder, prefix).
+    state: String,
+    /// berth's runtime folder on the nodes (`/run/NAME/`).
+    runtime: String,
+}
+
+impl Scope {
+    fn of(cluster: &Cluster) -> Scope {
+        let name = cluster.var("BERTH_TEST_NAME");
+        let node_netns = cluster
+            .var("BERTH_TEST_NODE_NAMES")
+            .split(',')
+            .filter_map(|node| {
+                let meta = std::fs::metadata(format!("/var/run/netns/{name}-{node}")).ok()?;
+                let inode = std::os::unix::fs::MetadataExt::ino(&meta);
+                Some(format!("net:[{inode}]").into())
+            })
+            .collect();
+        Scope {
+            node_netns,
+            state: format!("{}/", cluster.var("BERTH_TEST_STATE_DIR")),
+            runtime: format!("/run/{name}/"),
+        }
+    }
+
+    /// Whether `text` (a command line, a loop device's backing file) names
+    /// this cluster's files.
+    fn names(&self, text: &str) -> bool {
+        text.contains(&self.state) || text.contains(&self.runtime)
+    }
+
+    /// Whether `process` runs for this cluster: in a node's network
+    /// namespace, started from this cluster's files, or a descendant of such
+    /// a process (a container with a network namespace of its own).
+    fn owns(&self, process: &Process, all: &[Process]) -> bool {
+        let mut current = Some(process);
+        for _ in 0..64 {
+            let Some(p) = current else { return false };
+            let in_node = p
+                .net_ns
+                .as_ref()
+                .is_some_and(|ns| self.node_netns.contains(ns));
+            if in_node || self.names(&p.cmdline) {
+                return true;
+            }
+            if p.ppid <= 1 {
+                return false;
+            }
+            current = all.iter().find(|q| q.pid == p.ppid);
+        }
+        false
+    }
 }
 
 /// Waits until `check` holds or `timeout` passes; returns whether it held.
