@@ -2,6 +2,8 @@
 #
 #   make                      build (release)
 #   make install              install under PREFIX (default /usr/local)
+#   make install-built        the same, from what an earlier build left in
+#                             TARGET_DIR, without running cargo (tests/release.sh)
 #   make install PREFIX=/opt/berth PLUGSTACK_DIR=/etc/slurm/plugstack.conf.d
 #   make deb                  a Debian package in target/debian (packaging/deb.sh)
 #
@@ -22,7 +24,7 @@ TARGET_DIR    ?= target
 PULL_USER     ?= berth
 
 
-.PHONY: all build install uninstall deb test clean
+.PHONY: all build install install-built uninstall deb test clean
 
 all: build
 
@@ -30,6 +32,9 @@ build:
 	$(CARGO) build --release --locked --target-dir $(TARGET_DIR)
 
 install: build
+	$(MAKE) --no-print-directory install-built
+
+install-built:
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PLUGINDIR) $(DESTDIR)$(DATADIR)
 	install -m 0755 $(TARGET_DIR)/release/berth $(DESTDIR)$(BINDIR)/berth
 	install -m 0755 $(TARGET_DIR)/release/libberth.so $(DESTDIR)$(PLUGINDIR)/spank_berth.so

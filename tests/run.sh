@@ -14,20 +14,29 @@
 #      leftover check alone, then the GPU-site tests (cluster_gpu,
 #      cluster_site, cluster_faults' scancel tests) on the cluster
 #      restarted with BERTH_TEST_SITE=gpu,
-#   5. tears the cluster and registry down, whatever happened.
+#   5. meanwhile, once the integration tests are done, runs the core suite
+#      on the Slurm of each release root (BERTH_TEST_RELEASES, default
+#      "trixie sid": Slurm 24.11 and 26.05) with tests/release.sh, both
+#      roots at once, each with a cluster of its own,
+#   6. tears the cluster and registry down, whatever happened (and waits
+#      for the release roots, which tear down their own).
 #
 # Environment: BERTH_TEST_NAME, BERTH_TEST_NODES (see tests/harness/lib.sh),
-# BERTH_KEEP_CLUSTER=1 to leave the cluster running for debugging.
+# BERTH_TEST_RELEASES (empty: 22.05 only), BERTH_KEEP_CLUSTER=1 to leave the
+# cluster running for debugging.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
 export BERTH_TEST_NAME=${BERTH_TEST_NAME:-berthtest-ci}
-# full: every suite, then the core suite on the Slurm of each release root
+# full: every suite, and the core suite on the Slurm of each release root
 # (BERTH_TEST_RELEASES); core: the cluster suites that depend on Slurm's
-# behaviour (what tests/release.sh runs inside a release root).
+# behaviour (tests/harness/core-suite.sh; what tests/release.sh runs inside
+# a release root).
 SUITE=${BERTH_TEST_SUITE:-full}
 [[ $SUITE == full || $SUITE == core ]] || { echo "BERTH_TEST_SUITE must be full or core (got '$SUITE')" >&2; exit 2; }
+RELEASES=${BERTH_TEST_RELEASES-trixie sid}
+[[ $SUITE == full ]] || RELEASES=""
 # Four nodes: node1 and node2 form the default partition (the tests written
 # for two nodes), all four the partition `wide` (tests/cluster_fanout.rs).
 export BERTH_TEST_NODES=${BERTH_TEST_NODES:-4} BERTH_TEST_DEFAULT_NODES=${BERTH_TEST_DEFAULT_NODES:-2}
@@ -74,11 +83,34 @@ if [[ $SUITE == full ]]; then
     SLURM_INCLUDE_DIR=/nonexistent cargo check --locked --no-default-features --bin berth
 fi
 
-log "building and installing berth under $PREFIX"
-make install PREFIX="$PREFIX" TARGET_DIR="$CARGO_TARGET_DIR"
+if [[ -n ${BERTH_TEST_BINARIES:-} ]]; then
+    # In a release root: tests/release.sh built berth against this Slurm's
+    # headers outside the root, and the test binaries (BERTH_TEST_BINARIES).
+    log "installing berth (built outside the root) under $PREFIX"
+    make install-built PREFIX="$PREFIX" TARGET_DIR="$CARGO_TARGET_DIR"
+else
+    log "building and installing berth under $PREFIX"
+    make install PREFIX="$PREFIX" TARGET_DIR="$CARGO_TARGET_DIR"
+fi
+
+release_pid=""
+RELEASE_LOG=$STATE/releases.log
+# wait_releases: waits for the release roots' run and shows its log; fails
+# when it failed.
+wait_releases() {
+    [[ -n $release_pid ]] || return 0
+    local rc=0 pid=$release_pid
+    release_pid=""
+    log "waiting for the release roots ($RELEASES)"
+    wait "$pid" || rc=$?
+    cat "$RELEASE_LOG"
+    ((rc == 0)) || echo "[tests] FAILED: the core suite on a release root (tests/release.sh $RELEASES; log above, $RELEASE_LOG)" >&2
+    return $rc
+}
 
 teardown() {
     local rc=$?
+    wait_releases || rc=1
     if [[ ${BERTH_KEEP_CLUSTER:-0} == 1 ]]; then
         log "leaving the cluster running (BERTH_KEEP_CLUSTER=1); stop it with:"
         log "  BERTH_TEST_NAME=$BERTH_TEST_NAME tests/harness/cluster.sh down; BERTH_TEST_NAME=$BERTH_TEST_NAME tests/harness/registry.sh down"
@@ -103,25 +135,52 @@ tests/harness/engines.sh up
 
 export BERTH_TEST_ENV=/run/$BERTH_TEST_NAME/env
 export BERTH_REQUIRE_CLUSTER=1
+source tests/harness/core-suite.sh
+# core_run NAME... -- ARGS...: the test binaries NAME, each with ARGS, through
+# cargo or (in a release root) from the list BERTH_TEST_BINARIES of
+# "NAME PATH" lines that tests/release.sh built outside the root.
+core_run() {
+    local names=() name bin rc=0
+    while [[ $1 != -- ]]; do
+        names+=("$1")
+        shift
+    done
+    shift
+    if [[ -z ${BERTH_TEST_BINARIES:-} ]]; then
+        local flags=()
+        for name in "${names[@]}"; do flags+=(--test "$name"); done
+        cargo test --release --locked --no-fail-fast "${flags[@]}" -- "$@"
+        return
+    fi
+    for name in "${names[@]}"; do
+        bin=$(awk -v n="$name" '$1 == n {print $2}' "$BERTH_TEST_BINARIES")
+        [[ -n $bin && -x $bin ]] || {
+            echo "[tests] no test binary '$name' in $BERTH_TEST_BINARIES (run tests/release.sh)" >&2
+            return 1
+        }
+        log "$name ($bin $*)"
+        "$bin" "$@" || rc=1
+    done
+    return $rc
+}
+
 if [[ $SUITE == core ]]; then
     log "core integration tests against Slurm $(slurmd -V 2>/dev/null | awk '{print $2}')"
-    # Two tests bind this machine's own programs into the bookworm test images
-    # (srun in a batch container, the host's MPICH): they need this
-    # machine's glibc to be no newer than the images' (2.36), which a newer
-    # release root's is not.
-    skips=(--skip srun_in_a_containerized_batch_script_inherits_or_overrides
-        --skip host_mpich_is_injected_and_runs_over_pmi2_across_nodes)
-    # Debian's Slurm 26.05 (sid) is built without the mpi/pmix plugin.
+    skips=()
+    for name in "${CORE_GLIBC_TESTS[@]}"; do skips+=(--skip "$name"); done
     if ! SLURM_CONF=$SLURM_CONF_FILE srun --mpi=list 2>&1 | grep -qw pmix; then
         log "this Slurm has no mpi/pmix plugin: the PMIx tests are skipped"
-        skips+=(--skip pmix_mpi_allreduce_across_nodes --skip open_mpi_over_pmix_still_works_beside_profiles)
+        for name in "${CORE_PMIX_TESTS[@]}"; do skips+=(--skip "$name"); done
     fi
-    cargo test --release --locked --no-fail-fast --test cluster --test cluster_entry --test cluster_named \
-        --test cluster_mpi --test cluster_pin --test cluster_private --test cluster_fanout -- --test-threads=2 \
-        "${skips[@]}"
-    cargo test --release --locked --test cluster_faults -- killed_helper_or_task_leaves_nothing_behind scancel_at_each_stage
+    failed=()
+    core_run "${CORE_TESTS[@]}" -- --test-threads=2 "${skips[@]}" || failed+=("${CORE_TESTS[*]}")
+    for entry in "${CORE_FILTERED[@]}"; do
+        read -ra filters <<<"${entry#*=}"
+        core_run "${entry%%=*}" -- "${filters[@]}" || failed+=("$entry")
+    done
     log "leftover check (alone, after every other test)"
-    cargo test --release --locked --test cluster_leftovers
+    core_run "$CORE_LAST" -- || failed+=("$CORE_LAST")
+    ((${#failed[@]} == 0)) || { echo "[tests] FAILED (core suite): ${failed[*]}" >&2; exit 1; }
     exit 0
 fi
 log "unit and integration tests"
@@ -131,6 +190,18 @@ cargo test --release --locked --no-run --test package --test cluster_leftovers -
 cargo test --release --locked --no-fail-fast --lib --bins --test container_runtime --test container_join \
     --test store_cli --test cli --test cluster --test cluster_entry --test cluster_named --test umoci_equivalence --test fuzz_smoke --test security --test doctor \
     --test cluster_mpi --test gpu_inject --test cluster_pull --test cluster_fanout --test cluster_pin --test cluster_faults --test cluster_private --test cluster_site --test cluster_shapes --test cluster_origin --test cluster_ipc --test security_mounts --test security_ldconfig --test security_store --test cluster_apt --test cluster_join --test cluster_relative_mounts --test cluster_userfile --test cluster_carried --test cluster_enroot_site --test cluster_archive -- --test-threads=2
+if [[ -n $RELEASES ]]; then
+    # From here on the 22.05 tests look at their own cluster only (the
+    # leftover checks too), so the roots' clusters may run beside them.
+    log "release roots ($RELEASES): the core suite on their Slurm, in the background (log: $RELEASE_LOG)"
+    # The list of test binaries first, here: cargo runs that follow in this
+    # script hold the target folder's lock while their tests run.
+    core_list=$CARGO_TARGET_DIR/release-core-tests.txt
+    core_binaries "$CARGO_TARGET_DIR" >"$core_list"
+    # shellcheck disable=SC2086  # one word per release
+    BERTH_CORE_BINARIES=$core_list BERTH_RELEASE_PARALLEL=1 tests/release.sh $RELEASES >"$RELEASE_LOG" 2>&1 &
+    release_pid=$!
+fi
 log "shared store (alone: it points the drop-in at a shared store)"
 cargo test --release --locked --test cluster_shared
 log "Debian package: two versions, installed and upgraded under a running job (alone: it switches the drop-in)"
@@ -149,3 +220,4 @@ cargo test --release --locked --test cluster_gpu --test cluster_site -- --test-t
 # watcher still has to stop (issue 19 point 6).
 cargo test --release --locked --test cluster_faults -- scancel
 cargo test --release --locked --test cluster_leftovers
+wait_releases

@@ -1,0 +1,51 @@
+# shellcheck shell=bash
+# Usage: source tests/harness/core-suite.sh
+#
+# The core suite: the cluster tests whose outcome depends on Slurm's
+# behaviour, which tests/run.sh runs with BERTH_TEST_SUITE=core on the Slurm
+# of each release root (tests/release.sh). One list, read by both.
+#
+#   CORE_TESTS          run together (two test threads), every test
+#   CORE_FILTERED       NAME=FILTER: only the tests of NAME matching FILTER
+#                       (cluster_site's TaskProlog tests need a TaskProlog,
+#                       which 24.11.0 to 24.11.6 cannot run for containers)
+#   CORE_LAST           cluster_leftovers, alone, after every other test
+# shellcheck disable=SC2034  # read by the scripts that source this file
+CORE_TESTS=(cluster cluster_entry cluster_named cluster_mpi cluster_pin cluster_private cluster_fanout)
+# shellcheck disable=SC2034
+CORE_FILTERED=(
+    "cluster_site=export"
+    "cluster_faults=killed_helper_or_task_leaves_nothing_behind"
+    "cluster_faults=scancel_at_each_stage"
+)
+# shellcheck disable=SC2034
+CORE_LAST=cluster_leftovers
+# Tests that bind this machine's own programs into the bookworm test images
+# (srun in a batch container, the host's MPICH): they need the C library of
+# the machine running the cluster to be no newer than the images' (2.36),
+# which a release root's is not.
+# shellcheck disable=SC2034
+CORE_GLIBC_TESTS=(srun_in_a_containerized_batch_script_inherits_or_overrides
+    host_mpich_is_injected_and_runs_over_pmi2_across_nodes)
+# Tests that run `srun --mpi=pmix`: skipped where the Slurm has no mpi/pmix
+# plugin (Debian's 26.05). A new test with --mpi=pmix in a core file
+# belongs here.
+# shellcheck disable=SC2034
+CORE_PMIX_TESTS=(pmix_mpi_allreduce_across_nodes open_mpi_over_pmix_still_works_beside_profiles
+    ucx_defaults_open_mpi_ranks_share_memory_within_a_node pmix_server_tmpdir_and_modules_reach_the_container)
+
+# core_test_names: every test binary the core suite runs, one a line.
+core_test_names() {
+    printf '%s\n' "${CORE_TESTS[@]}" "${CORE_FILTERED[@]%%=*}" "$CORE_LAST" | sort -u
+}
+
+# core_binaries TARGET_DIR: builds the core test binaries (against this
+# machine's Slurm: they drive srun and sbatch, they do not load the plugin)
+# and prints "NAME PATH" for each.
+core_binaries() {
+    local flags=() name
+    while read -r name; do flags+=(--test "$name"); done < <(core_test_names)
+    cargo test --release --locked --no-run --message-format=json --target-dir "$1" "${flags[@]}" |
+        jq -r 'select(.reason == "compiler-artifact" and .executable != null and .target.kind == ["test"])
+            | "\(.target.name) \(.executable)"'
+}
