@@ -293,10 +293,14 @@ pub fn berth_leftovers() -> Vec<String> {
             continue;
         };
         for line in mounts.lines() {
-            let berth_runtime = line.contains(" /run/berth/")
-                || line.contains(" /run/berth ")
-                || line.contains("lowerdir=/run/berth/")
-                || scope.as_ref().is_some_and(|s| line.contains(&s.runtime));
+            let berth_runtime = ["/run/berth", scope.as_ref().map_or("", |s| &s.runtime)]
+                .iter()
+                .filter(|dir| !dir.is_empty())
+                .any(|dir| {
+                    line.contains(&format!(" {dir}/"))
+                        || line.contains(&format!(" {dir} "))
+                        || line.contains(&format!("lowerdir={dir}/"))
+                });
             let image_fs = line.contains(" - squashfs ")
                 || line.contains("squashfuse")
                 || line.contains("fuse-overlayfs");
@@ -353,7 +357,10 @@ struct Scope {
     node_netns: Vec<std::path::PathBuf>,
     /// The cluster's state folder (node stores, work folder, prefix).
     state: String,
-    /// berth's runtime folder on the nodes (`/run/NAME/`).
+    /// The cluster's run folder (`/run/NAME/`: its configuration).
+    run_dir: String,
+    /// berth's runtime folder on the nodes (`/run/NAME/berth`, the
+    /// plugstack's `runtime_path`).
     runtime: String,
 }
 
@@ -372,14 +379,15 @@ impl Scope {
         Scope {
             node_netns,
             state: format!("{}/", cluster.var("BERTH_TEST_STATE_DIR")),
-            runtime: format!("/run/{name}/"),
+            run_dir: format!("/run/{name}/"),
+            runtime: format!("/run/{name}/berth"),
         }
     }
 
     /// Whether `text` (a command line, a loop device's backing file) names
     /// this cluster's files.
     fn names(&self, text: &str) -> bool {
-        text.contains(&self.state) || text.contains(&self.runtime)
+        text.contains(&self.state) || text.contains(&self.run_dir)
     }
 
     /// Whether `process` runs for this cluster: in a node's network
