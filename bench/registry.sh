@@ -58,7 +58,7 @@ cleanup() {
     cp "$WORK/plugstack.orig" "$PLUGSTACK"
     ((${#pids[@]})) && kill "${pids[@]}" 2>/dev/null
     wait 2>/dev/null || true
-    rm -rf "$WORK" "$CREDS"
+    rm -rf "$WORK" "$CREDS" "${BENCH_STEP_ERR:-}" "${script:-}"
 }
 trap cleanup EXIT
 
@@ -148,22 +148,12 @@ for c in "${cases[@]}"; do   # warm every node's store, and check every case run
         { echo "bench/registry.sh: the warm-up step of $c (${image[$c]}) failed" >&2; exit 1; }
 done
 
-STEP_ERR=$(mktemp /tmp/berth-bench-step.XXXXXX)
-chmod 666 "$STEP_ERR"
-ms() {
-    local t0 t1
-    t0=$(date +%s%N)
-    if ! "$@" >/dev/null 2>"$STEP_ERR"; then
-        echo "bench/registry.sh: a measured step failed, so it is not timed: $*" >&2
-        cat "$STEP_ERR" >&2
-        [[ -s $BATCH_OUT ]] && cat "$BATCH_OUT" >&2
-        return 1
-    fi
-    t1=$(date +%s%N)
-    echo $(((t1 - t0) / 1000000))
-}
+source "$REPO/bench/lib.sh"
+BENCH_STEP_ERR=$(mktemp /tmp/berth-bench-step.XXXXXX)
+chmod 666 "$BENCH_STEP_ERR"
 BATCH_OUT=$BERTH_TEST_WORKDIR/bench-registry-batch.out
-median() { sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+BENCH_STEP_LOG=$BATCH_OUT
+ms() { bench_ms "$@"; }
 
 # A 20-step batch script: the job resolves its image once, at submission,
 # and its steps inherit the digest. The batch script runs in the image
@@ -191,7 +181,7 @@ for ((i = 0; i < RUNS; i++)); do
     t[batch-bare]+="$(ms as_user sbatch --wait -N1 -o "$BATCH_OUT" "$script") "
     t[batch-c]+="$(ms as_user sbatch --wait -N1 -o "$BATCH_OUT" "--container-image=$BATCH_IMAGE" "--container-mounts=$BATCH_MOUNTS" "$script") "
 done
-rm -f "$script" "$STEP_ERR" "$BATCH_OUT"
+rm -f "$script" "$BENCH_STEP_ERR" "$BATCH_OUT"
 
 med() { tr ' ' '\n' <<<"${t[$1]}" | grep . | median; }
 bare=$(med bare)

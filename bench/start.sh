@@ -65,22 +65,10 @@ BIG=$BERTH_TEST_REGISTRY/bench/start:big
 TRUE_BIND=--container-mounts=/usr/bin/busybox:/usr/local/bin/busybox:ro
 as_user srun -N"$NODES_ALL" "--container-image=$BIG" "$TRUE_BIND" /usr/local/bin/busybox true   # pull and convert once on every node
 
-# ms COMMAND...: its wall time in ms; a failing step stops the bench (a
-# failure is not a start time).
-ms() {
-    local t0 t1
-    t0=$(date +%s%N)
-    if ! "$@" >/dev/null 2>"$STEP_ERR"; then
-        echo "bench/start.sh: a measured step failed, so it is not timed: $*" >&2
-        cat "$STEP_ERR" >&2
-        return 1
-    fi
-    t1=$(date +%s%N)
-    echo $(((t1 - t0) / 1000000))
-}
-STEP_ERR=$(mktemp /tmp/berth-bench-step.XXXXXX)
-chmod 666 "$STEP_ERR"
-median() { sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+source "$REPO/bench/lib.sh"
+BENCH_STEP_ERR=$(mktemp /tmp/berth-bench-step.XXXXXX)
+chmod 666 "$BENCH_STEP_ERR"
+ms() { bench_ms "$@"; }
 bare=() container=() big=() bare64=() container64=()
 for ((i = 0; i < RUNS; i++)); do
     bare+=("$(ms as_user srun -n1 true)")
@@ -126,7 +114,7 @@ wait \$holder
 rm -f \$stop
 EOF
 lines=$(as_user salloc -N1 "$inner" 2>/dev/null)
-rm -f "$inner" "$STEP_ERR"
+rm -f "$inner" "$BENCH_STEP_ERR"
 if grep -q '^failed ' <<<"$lines"; then
     echo "bench/start.sh: a measured step of the join bench failed, so it is not timed: $(grep '^failed ' <<<"$lines" | head -1)" >&2
     exit 1

@@ -39,15 +39,6 @@ fn imports_alone() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn first_node(cluster: &Cluster) -> String {
-    cluster
-        .var("BERTH_TEST_NODE_NAMES")
-        .split([' ', ','])
-        .find(|n| !n.is_empty())
-        .expect("a node name")
-        .to_string()
-}
-
 /// The entries of `node`'s store folder `sub` (none when it is missing).
 fn store_entries(cluster: &Cluster, node: &str, sub: &str) -> Vec<String> {
     let dir = Path::new(&cluster.var("BERTH_TEST_STATE_DIR"))
@@ -98,7 +89,7 @@ fn run_image(
 fn docker_and_oci_archives_run_with_their_image_config() {
     let cluster = cluster_or_skip!();
     let _alone = imports_alone();
-    let node = first_node(&cluster);
+    let node = cluster.first_node();
     for who in BOTH {
         // An image no node has seen, with a variable of its own in its config.
         let mark = format!("archive-{who:?}-{}", std::process::id());
@@ -172,7 +163,7 @@ fn hostile_tar(files: &[(&str, Vec<u8>)], links: &[(&str, &str)]) -> Vec<u8> {
 fn a_hostile_archive_is_refused_by_name_and_leaves_nothing() {
     let cluster = cluster_or_skip!();
     let _alone = imports_alone();
-    let node = first_node(&cluster);
+    let node = cluster.first_node();
     let escape = format!("/tmp/berth-archive-escape-{}", std::process::id());
     let config = br#"{"config":{"Env":["A=1"]}}"#.to_vec();
     let manifest = br#"[{"Config":"c.json","Layers":["l/layer.tar"]}]"#.to_vec();
@@ -267,38 +258,52 @@ fn a_hostile_archive_is_refused_by_name_and_leaves_nothing() {
     assert!(left.is_empty(), "leftovers: {left:?}");
 }
 
+/// An engine's image (`images.0`) runs for `who`; a missing one
+/// (`images.1`) fails, naming the image and the engine's `save`.
+fn runs_and_names_a_missing_image(
+    cluster: &Cluster,
+    who: Submitter,
+    node: &str,
+    images: (&str, &str),
+    save: &str,
+    env: &[(&str, &str)],
+) {
+    let (present, missing) = images;
+    let run = run_image(
+        cluster,
+        who,
+        node,
+        present,
+        "test -x /bin/busybox && echo ok",
+        env,
+    )
+    .ok();
+    assert_eq!(run.stdout.trim(), "ok", "{who:?}\n{}", run.stderr);
+    let run = run_image(cluster, who, node, missing, "true", env).failed();
+    let name = missing.split_once("://").map_or(missing, |(_, name)| name);
+    assert!(
+        run.stderr.contains(save) && run.stderr.contains(name),
+        "{who:?}: a missing image is refused by name\n{}",
+        run.stderr
+    );
+}
+
 #[test]
 fn dockerd_images_are_saved_with_the_users_own_rights_to_the_socket() {
     let cluster = cluster_or_skip!();
     let _alone = imports_alone();
-    let node = first_node(&cluster);
+    let node = cluster.first_node();
     let host = cluster.var("BERTH_TEST_DOCKER_HOST");
     let env = [("DOCKER_HOST", host.as_str())];
     let image = format!("dockerd://{ENGINE_IMAGE}");
     for who in BOTH {
-        let run = run_image(
+        runs_and_names_a_missing_image(
             &cluster,
             who,
             &node,
-            &image,
-            "test -x /bin/busybox && echo ok",
+            (&image, "dockerd://berthtest/missing:1"),
+            "docker save",
             &env,
-        )
-        .ok();
-        assert_eq!(run.stdout.trim(), "ok", "{who:?}\n{}", run.stderr);
-        let run = run_image(
-            &cluster,
-            who,
-            &node,
-            "dockerd://berthtest/missing:1",
-            "true",
-            &env,
-        )
-        .failed();
-        assert!(
-            run.stderr.contains("docker save") && run.stderr.contains("berthtest/missing:1"),
-            "{who:?}: a missing image is refused by name\n{}",
-            run.stderr
         );
     }
     // berthuser2 is not in the socket's group: the daemon is not theirs to ask.
@@ -330,7 +335,7 @@ fn dockerd_images_are_saved_with_the_users_own_rights_to_the_socket() {
 fn podman_images_come_from_the_users_own_storage() {
     let cluster = cluster_or_skip!();
     let _alone = imports_alone();
-    let node = first_node(&cluster);
+    let node = cluster.first_node();
     let dir = cluster.var("BERTH_TEST_PODMAN_DIR");
     // `podman load` names it docker.io/berthtest/busybox; users write it short.
     let image = format!("podman://{ENGINE_IMAGE}");
@@ -339,29 +344,13 @@ fn podman_images_come_from_the_users_own_storage() {
         // job passes them.
         let settings = std::fs::read_to_string(format!("{dir}/{owner}/podman.env")).unwrap();
         let env: Vec<(&str, &str)> = settings.lines().filter_map(|l| l.split_once('=')).collect();
-        let run = run_image(
+        runs_and_names_a_missing_image(
             &cluster,
             who,
             &node,
-            &image,
-            "test -x /bin/busybox && echo ok",
+            (&image, "podman://localhost/missing:1"),
+            "podman save",
             &env,
-        )
-        .ok();
-        assert_eq!(run.stdout.trim(), "ok", "{who:?}\n{}", run.stderr);
-        let run = run_image(
-            &cluster,
-            who,
-            &node,
-            "podman://localhost/missing:1",
-            "true",
-            &env,
-        )
-        .failed();
-        assert!(
-            run.stderr.contains("podman save") && run.stderr.contains("localhost/missing:1"),
-            "{who:?}: a missing image is refused by name\n{}",
-            run.stderr
         );
     }
 }

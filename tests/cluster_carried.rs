@@ -41,23 +41,6 @@ impl Drop for Removed {
     }
 }
 
-fn first_node(cluster: &Cluster) -> String {
-    cluster
-        .var("BERTH_TEST_NODE_NAMES")
-        .split([' ', ','])
-        .find(|n| !n.is_empty())
-        .expect("a node name")
-        .to_string()
-}
-
-/// The node store of `node`.
-fn store_of(cluster: &Cluster, node: &str) -> PathBuf {
-    Path::new(&cluster.var("BERTH_TEST_STATE_DIR"))
-        .join("nodes")
-        .join(node)
-        .join("berth-store")
-}
-
 /// `srun -N1 -w NODE --container-image=IMAGE EXTRA... sh -c SHOW` as `who`.
 fn show(cluster: &Cluster, who: Submitter, node: &str, image: &str, extra: &[&str]) -> String {
     let image = format!("--container-image={image}");
@@ -149,7 +132,7 @@ fn uid_of(user: &str) -> u32 {
 fn a_file_in_enroots_layout_runs_like_the_image_enroot_imported() {
     let cluster = cluster_or_skip!();
     let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
-    let node = first_node(&cluster);
+    let node = cluster.first_node();
     let work = cluster.var("BERTH_TEST_WORKDIR");
     for who in BOTH {
         let tools = format!("/opt/tools-{who:?}-{}", std::process::id());
@@ -170,7 +153,7 @@ fn a_file_in_enroots_layout_runs_like_the_image_enroot_imported() {
             "{who:?}: without the entrypoint"
         );
         // The pull user read the file and wrote what it found.
-        let (config, owner) = stored_config_with(&store_of(&cluster, &node), &tools)
+        let (config, owner) = stored_config_with(&cluster.node_store(&node), &tools)
             .unwrap_or_else(|| panic!("{who:?}: no stored config.json naming {tools}"));
         assert_eq!(owner, uid_of(PULL_USER), "{config}");
         assert!(config.contains("org.example.label"), "{config}");
@@ -181,7 +164,7 @@ fn a_file_in_enroots_layout_runs_like_the_image_enroot_imported() {
 fn a_saved_container_keeps_env_workdir_and_entrypoint() {
     let cluster = cluster_or_skip!();
     let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
-    let node = first_node(&cluster);
+    let node = cluster.first_node();
     let work = cluster.var("BERTH_TEST_WORKDIR");
     let entrypoint_image = cluster.image("busybox:entrypoint");
     let image_path = "path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";

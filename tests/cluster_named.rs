@@ -39,26 +39,9 @@ fn uid_of(who: Submitter) -> u32 {
     }
 }
 
-/// The node store of `node`.
-fn store_of(cluster: &Cluster, node: &str) -> PathBuf {
-    Path::new(&cluster.var("BERTH_TEST_STATE_DIR"))
-        .join("nodes")
-        .join(node)
-        .join("berth-store")
-}
-
 /// The installed `berth` of the cluster.
 fn berth(cluster: &Cluster) -> PathBuf {
     Path::new(&cluster.var("BERTH_TEST_STATE_DIR")).join("prefix/bin/berth")
-}
-
-fn first_node(cluster: &Cluster) -> String {
-    cluster
-        .var("BERTH_TEST_NODE_NAMES")
-        .split([' ', ','])
-        .find(|n| !n.is_empty())
-        .expect("a node name")
-        .to_string()
 }
 
 /// Runs `script` (sh) in a one-node allocation as `who`; `srun` steps in it
@@ -150,7 +133,8 @@ $S --container-name=fresh:create --container-image=$img $M sh -c 'test -e /tmp/k
         assert!(!out.contains("LEAK"), "{ctx}: {out}");
 
         // Scope job: the epilog removes the containers; no mount is left.
-        let job_dir = store_of(&cluster, &node)
+        let job_dir = cluster
+            .node_store(&node)
             .join("containers")
             .join(uid_of(who).to_string())
             .join(format!("job-{job}"));
@@ -255,8 +239,8 @@ fn global_containers_persist_across_jobs_and_stay_private() {
     let cluster = cluster_or_skip!();
     let _scope = scope_lock();
     let image = cluster.image("busybox:latest");
-    let node = first_node(&cluster);
-    let store = store_of(&cluster, &node);
+    let node = cluster.first_node();
+    let store = cluster.node_store(&node);
     let name = format!("g{}", std::process::id());
     let berth = berth(&cluster);
     let store_arg = format!("--store={}", store.display());

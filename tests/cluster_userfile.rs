@@ -7,7 +7,7 @@
 mod common;
 
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use common::{Cluster, Submitter, BOTH};
@@ -26,23 +26,6 @@ static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The image's own `/tmp`: the place of the test image the user may write.
 const IMAGE_TMP: &str = "--container-mounts=umount:/tmp";
-
-fn first_node(cluster: &Cluster) -> String {
-    cluster
-        .var("BERTH_TEST_NODE_NAMES")
-        .split([' ', ','])
-        .find(|n| !n.is_empty())
-        .expect("a node name")
-        .to_string()
-}
-
-/// The node store of `node`.
-fn store_of(cluster: &Cluster, node: &str) -> PathBuf {
-    Path::new(&cluster.var("BERTH_TEST_STATE_DIR"))
-        .join("nodes")
-        .join(node)
-        .join("berth-store")
-}
 
 /// The entries of `dir` (none when it is missing).
 fn entries(dir: &Path) -> Vec<String> {
@@ -119,8 +102,8 @@ fn while_running(
 fn a_users_file_is_mounted_from_the_store_copy_and_rewriting_it_changes_nothing() {
     let cluster = cluster_or_skip!();
     let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
-    let node = first_node(&cluster);
-    let store = store_of(&cluster, &node);
+    let node = cluster.first_node();
+    let store = cluster.node_store(&node);
     let work = cluster.var("BERTH_TEST_WORKDIR");
     for who in BOTH {
         let file = format!("{work}/userfile-{who:?}-{}.sqfs", std::process::id());
@@ -230,8 +213,8 @@ fn a_users_file_is_mounted_from_the_store_copy_and_rewriting_it_changes_nothing(
 fn a_broken_file_is_refused_by_name_and_leaves_nothing() {
     let cluster = cluster_or_skip!();
     let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
-    let node = first_node(&cluster);
-    let store = store_of(&cluster, &node);
+    let node = cluster.first_node();
+    let store = cluster.node_store(&node);
     let work = cluster.var("BERTH_TEST_WORKDIR");
     let good = format!("{work}/broken-src-{}.sqfs", std::process::id());
     saved_image(&cluster, Submitter::Root, &node, &good, "whole");
@@ -287,7 +270,7 @@ fn a_broken_file_is_refused_by_name_and_leaves_nothing() {
 fn a_named_container_starts_from_the_store_copy_of_a_users_file() {
     let cluster = cluster_or_skip!();
     let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
-    let node = first_node(&cluster);
+    let node = cluster.first_node();
     let work = cluster.var("BERTH_TEST_WORKDIR");
     for who in BOTH {
         let file = format!("{work}/named-userfile-{who:?}-{}.sqfs", std::process::id());

@@ -99,6 +99,23 @@ impl Cluster {
         Some(Cluster { env })
     }
 
+    /// The cluster's first node (of `BERTH_TEST_NODE_NAMES`).
+    pub fn first_node(&self) -> String {
+        self.var("BERTH_TEST_NODE_NAMES")
+            .split([' ', ','])
+            .find(|n| !n.is_empty())
+            .expect("a node name")
+            .to_string()
+    }
+
+    /// The node store of `node` (the test plugstack line's `store_path`).
+    pub fn node_store(&self, node: &str) -> std::path::PathBuf {
+        std::path::Path::new(&self.var("BERTH_TEST_STATE_DIR"))
+            .join("nodes")
+            .join(node)
+            .join("berth-store")
+    }
+
     /// A variable of the cluster's env file.
     pub fn var(&self, name: &str) -> String {
         self.env

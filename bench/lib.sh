@@ -1,0 +1,21 @@
+# Shared by the bench scripts (sourced): timing one measured step, medians.
+#
+# bench_ms COMMAND...: its wall time in ms, stdout dropped. A failing step
+# stops the bench, since a failure is not a start time: its stderr is shown,
+# and so is the file named by BENCH_STEP_LOG when set and not empty (a batch
+# job's output). Needs BENCH_STEP_ERR, a file every test user may write.
+bench_ms() {
+    local t0 t1
+    t0=$(date +%s%N)
+    if ! "$@" >/dev/null 2>"$BENCH_STEP_ERR"; then
+        echo "${0##*/}: a measured step failed, so it is not timed: $*" >&2
+        cat "$BENCH_STEP_ERR" >&2
+        [[ -n ${BENCH_STEP_LOG:-} && -s $BENCH_STEP_LOG ]] && cat "$BENCH_STEP_LOG" >&2
+        return 1
+    fi
+    t1=$(date +%s%N)
+    echo $(((t1 - t0) / 1000000))
+}
+
+# median: the median of the numbers on stdin, one per line.
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
