@@ -86,10 +86,13 @@ fn record_origin(store: &Store, digest: &Digest, origin: ImageOrigin) -> Result<
 fn replace_meta(dir: &Path, meta: &ImageMeta) -> Result<()> {
     let tmp = dir.join(format!(".meta.json.{}", std::process::id()));
     let _ = fs::remove_file(&tmp);
-    write_synced(&tmp, &serde_json::to_vec_pretty(meta)?)?;
-    fs::rename(&tmp, dir.join("meta.json")).with_context(|| {
+    let written = write_synced(&tmp, &serde_json::to_vec_pretty(meta)?).and_then(|()| {
+        fs::rename(&tmp, dir.join("meta.json"))
+            .with_context(|| format!("cannot replace {}", dir.join("meta.json").display()))
+    });
+    if written.is_err() {
         let _ = fs::remove_file(&tmp);
-        format!("cannot replace {}", dir.join("meta.json").display())
-    })?;
+    }
+    written?;
     crate::fsutil::sync_dir(dir)
 }
