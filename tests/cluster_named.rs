@@ -159,7 +159,7 @@ fn exec_joins_the_running_step_and_no_exec_waits_for_it() {
             r#"
 stop=/tmp/berth-named-stop-$SLURM_JOB_ID
 rm -f $stop
-$S --container-image={image} --container-name=live --container-mounts=tmpfs:/scratch sh -c "echo inside > /scratch/marker; while [ ! -e $stop ]; do sleep 0.1; done" &
+$S --container-image={image} --container-name=live --container-mounts=tmpfs:/scratch sh -c "echo inside > /scratch/marker.new && mv /scratch/marker.new /scratch/marker; while [ ! -e $stop ]; do sleep 0.1; done" &
 bg=$!
 out=none
 for i in $(seq 1 100); do
