@@ -311,9 +311,168 @@ fn global_containers_persist_across_jobs_and_stay_private() {
     assert!(!by_user.status.success());
     assert_has(
         &String::from_utf8_lossy(&by_user.stderr),
-        "belong to root",
+        "srun --container-list",
         "berth containers as a user",
     );
+}
+
+/// Users list and remove their own named containers through srun
+/// (`--container-list`, `--container-remove`): root does it in slurmstepd
+/// for the uid Slurm authenticated, so another user's container of the same
+/// name stays, and one a running step uses is refused.
+#[test]
+fn users_list_and_remove_their_own_named_containers_through_srun() {
+    let cluster = cluster_or_skip!();
+    let _scope = scope_lock();
+    let image = cluster.image("busybox:latest");
+    let node = cluster.first_node();
+    let store = cluster.node_store(&node);
+    let name = format!("m{}", std::process::id());
+    let root_only = format!("{name}-root");
+    let _global = GlobalScope::set(&cluster);
+    let srun = |who: Submitter, args: &[&str]| {
+        let mut all = vec!["-N1", "-w", &node];
+        all.extend_from_slice(args);
+        cluster.srun(who, &all)
+    };
+    let with_image = format!("--container-image={image}");
+    for (who, container) in [
+        (Submitter::Root, name.as_str()),
+        (Submitter::Root, root_only.as_str()),
+        (Submitter::User, name.as_str()),
+    ] {
+        let named = format!("--container-name={container}");
+        srun(who, &[&with_image, &named, "true"]).ok();
+    }
+    let user_dir = store
+        .join("containers")
+        .join(uid_of(Submitter::User).to_string())
+        .join("global")
+        .join(&name);
+    let root_dir = store.join("containers/0/global").join(&name);
+    assert!(user_dir.is_dir() && root_dir.is_dir());
+
+    // The user's list shows their own container, not root's.
+    let list = srun(Submitter::User, &["--container-list", "true"]).ok();
+    let mine: Vec<&str> = list
+        .stderr
+        .lines()
+        .filter(|l| l.contains("berth:") && l.contains(&name))
+        .collect();
+    assert_eq!(mine.len(), 1, "user's list:\n{}", list.stderr);
+    assert!(
+        mine[0].contains("global") && mine[0].contains("busybox"),
+        "{}",
+        mine[0]
+    );
+    assert!(
+        !list.stderr.contains(&root_only),
+        "root's container listed to the user:\n{}",
+        list.stderr
+    );
+
+    // Not while a step runs it: the step fails and says which step.
+    let script = format!(
+        "S='srun --overlap -n1'; $S --container-name={name} sleep 8 & sleep 3; \
+         $S --container-remove={name} true; echo remove_rc=$?; wait"
+    );
+    let run = cluster.slurm(
+        Submitter::User,
+        "salloc",
+        &["-N1", "-w", &node, "sh", "-c", &script],
+    );
+    assert_has(&run.stdout, "remove_rc=1", "removing a container in use");
+    assert_has(&run.stderr, "in use by step", "removing a container in use");
+    assert!(user_dir.is_dir(), "a container in use was removed");
+
+    // Removed: the user's only; root's of the same name stays.
+    let rm = srun(
+        Submitter::User,
+        &[&format!("--container-remove={name}"), "true"],
+    )
+    .ok();
+    assert_has(
+        &rm.stderr,
+        &format!("removed named container '{name}'"),
+        "user rm",
+    );
+    assert!(!user_dir.exists(), "the user's container is still there");
+    assert!(
+        root_dir.is_dir(),
+        "the user's --container-remove removed root's container"
+    );
+    let run = srun(
+        Submitter::User,
+        &[&format!("--container-name={name}"), "true"],
+    )
+    .failed();
+    assert_has(&run.stderr, "no container named", "after the user's rm");
+    // Again: nothing to remove, and no failure.
+    let again = srun(
+        Submitter::User,
+        &[&format!("--container-remove={name}"), "true"],
+    )
+    .ok();
+    assert_has(&again.stderr, "nothing to remove", "second rm");
+
+    // Bad uses, refused before anything runs.
+    let run = srun(
+        Submitter::User,
+        &[&with_image, &format!("--container-remove={name}"), "true"],
+    )
+    .failed();
+    assert_has(
+        &run.stderr,
+        "cannot be combined with --container-image",
+        "remove + image",
+    );
+    let run = srun(Submitter::User, &["--container-remove=a,,b", "true"]).failed();
+    assert_has(&run.stderr, "empty container name", "remove a,,b");
+    let run = cluster.slurm(
+        Submitter::User,
+        "sbatch",
+        &["-N1", "--container-list", "--wrap", "true"],
+    );
+    assert_ne!(run.code, 0, "sbatch --container-list was accepted");
+    assert_has(&run.stderr, "give them to srun", "sbatch --container-list");
+
+    // Root removes its own the same way.
+    let names = format!("--container-remove={name},{root_only}");
+    srun(Submitter::Root, &[&names, "true"]).ok();
+    assert!(!root_dir.exists());
+    let list = srun(Submitter::Root, &["--container-list", "true"]).ok();
+    assert!(!list.stderr.contains(&name), "{}", list.stderr);
+}
+
+/// With the default scope (`job`), `--container-remove` removes the
+/// container of the job it runs in.
+#[test]
+fn remove_in_job_scope_removes_this_jobs_container() {
+    let cluster = cluster_or_skip!();
+    let _scope = scope_lock();
+    let image = cluster.image("busybox:latest");
+    for who in BOTH {
+        let script = format!(
+            "$S --container-image={image} --container-name=j {IMAGE_TMP} sh -c 'echo kept > /tmp/k'\n\
+             $S --container-list true\n\
+             $S --container-remove=j true; echo remove_rc=$?\n\
+             $S --container-name=j {IMAGE_TMP} cat /tmp/k; echo reuse_rc=$?"
+        );
+        let (run, job, _) = in_allocation(&cluster, who, &script);
+        assert_has(&run.stderr, &format!("job {job}"), "listed in job scope");
+        assert_has(&run.stdout, "remove_rc=0", "rm in job scope");
+        assert_has(
+            &run.stderr,
+            "removed named container 'j'",
+            "rm in job scope",
+        );
+        assert_has(
+            &run.stdout,
+            "reuse_rc=1",
+            "the removed container was found again",
+        );
+        assert_has(&run.stderr, "no container named", "after rm in job scope");
+    }
 }
 
 #[test]

@@ -233,17 +233,20 @@ write_enroot_shim() {
 # maps the enroot verbs the suite calls onto berth. Named containers are
 # enroot's pyxis_NAME (scope global) or pyxis_JOB_NAME (scope job).
 BERTH=$PREFIX/bin/berth
-STORES=($BERTH_TEST_STATE_DIR/nodes/*/berth-store)
 REG=$REG
 EOF
     cat >>"$BASE/bin/enroot" <<'EOF'
-me=$(id -un)
+# Named containers are listed and removed as any user does it: a step on
+# this node with --container-list / --container-remove (root does the work
+# in slurmstepd, for the uid Slurm authenticated).
+on_this_node() {
+    srun --overlap -N1 -n1 -w "${SLURMD_NODENAME:?enroot stand-in: not in a Slurm step}" "$@" true 2>&1
+}
 list() {
-    local s
-    for s in "${STORES[@]}"; do
-        "$BERTH" containers list --store "$s" 2>/dev/null
-    done | awk -v me="$me" '$1 == me && $2 == "global" { print "pyxis_" $3 }
-                             $1 == me && $2 == "job" { print "pyxis_" $3 "_" $4 }' | sort -u
+    # Lines: "berth: NODE: NAME global ..." or "berth: NODE: NAME job JOB ...".
+    on_this_node --container-list |
+        awk '$1 == "berth:" && $4 == "global" { print "pyxis_" $3 }
+             $1 == "berth:" && $4 == "job" { print "pyxis_" $5 "_" $3 }' | sort -u
 }
 case $1 in
 list) list ;;
@@ -252,15 +255,14 @@ remove)
     [[ $1 == -f ]] && shift
     status=0
     for name in "$@"; do
-        name=${name#pyxis_} done=
-        args=()
+        name=${name#pyxis_}
         if [[ $name =~ ^([0-9]+)_(.+)$ ]]; then
-            args=(--job "${BASH_REMATCH[1]}") name=${BASH_REMATCH[2]}
+            [[ ${BASH_REMATCH[1]} == "${SLURM_JOB_ID:-}" ]] ||
+                { echo "enroot stand-in: pyxis_$name is another job's (removed with it)" >&2; status=1; continue; }
+            name=${BASH_REMATCH[2]}
         fi
-        for s in "${STORES[@]}"; do
-            "$BERTH" containers rm --store "$s" --user "$(id -u)" "${args[@]}" "$name" 2>/dev/null && done=1
-        done
-        [[ -n $done ]] || { echo "enroot stand-in: no container pyxis_$name" >&2; status=1; }
+        out=$(on_this_node --container-remove="$name") || { echo "$out" >&2; status=1; continue; }
+        [[ $out == *"removed named container"* ]] || { echo "enroot stand-in: no container pyxis_$name" >&2; status=1; }
     done
     exit $status ;;
 import)
@@ -279,9 +281,10 @@ EOF
     chmod 0755 "$BASE/bin/enroot"
 }
 
-# As an ordinary user, the suite's `enroot remove` cannot reach berth's named
-# containers (`berth containers` is root only): root removes the user's
-# before each file, so that no file sees those of an earlier file or run.
+# Root removes the user's named containers on every node before each file,
+# so that no file sees those of an earlier file or run (a file that fails
+# half-way leaves its containers, and pyxis's teardown removes them on one
+# node only).
 remove_user_containers() {
     [[ $user == root ]] && return 0
     local uid s scope a b

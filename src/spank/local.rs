@@ -6,6 +6,9 @@ use super::options::JobOptions;
 
 /// Checks the combination of options (each value was checked when given).
 pub fn check_options(options: &JobOptions) -> Result<(), String> {
+    if crate::step::manage::wanted(options) {
+        return check_management(options);
+    }
     if options.image.is_some() || options.name.is_some() {
         return Ok(());
     }
@@ -19,6 +22,47 @@ pub fn check_options(options: &JobOptions) -> Result<(), String> {
         given.join(" and "),
         if given.len() == 1 { "it" } else { "them" }
     ))
+}
+
+/// `--container-remove` and `--container-list` make a step of their own:
+/// the step's command runs on the host, so no container option goes with
+/// them.
+fn check_management(options: &JobOptions) -> Result<(), String> {
+    let mut others: Vec<&str> = Vec::new();
+    if options.image.is_some() {
+        others.push("--container-image");
+    }
+    if options.name.is_some() {
+        others.push("--container-name");
+    }
+    others.extend(
+        options
+            .given_without_image()
+            .into_iter()
+            .filter(|o| !matches!(*o, "--container-remove" | "--container-list")),
+    );
+    if others.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "--container-remove and --container-list manage your named containers and run the \
+         step's command on the host: they cannot be combined with {}; run them in a step of \
+         their own, e.g. srun --container-remove=NAME true",
+        others.join(", ")
+    ))
+}
+
+/// sbatch and salloc: `--container-remove` and `--container-list` act on the
+/// nodes of one step, so they are srun's only.
+pub fn refuse_management_in_allocation(options: &JobOptions) -> Result<(), String> {
+    if crate::step::manage::wanted(options) {
+        return Err(
+            "--container-remove and --container-list act on the nodes of one step: give them \
+             to srun (e.g. srun -N2 --container-list true inside the job), not to sbatch or salloc"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -56,5 +100,28 @@ mod tests {
         };
         let e = check_options(&opts).unwrap_err();
         assert!(e.contains("--container-save given without"), "{e}");
+    }
+
+    #[test]
+    fn management_options_make_a_step_of_their_own() {
+        let remove = JobOptions {
+            remove: Some("a,b".into()),
+            list: Some(true),
+            ..Default::default()
+        };
+        assert!(check_options(&remove).is_ok());
+        let with_image = JobOptions {
+            image: Some("ubuntu".into()),
+            workdir: Some("/w".into()),
+            ..remove.clone()
+        };
+        let e = check_options(&with_image).unwrap_err();
+        assert!(
+            e.contains("cannot be combined with --container-image, --container-workdir"),
+            "{e}"
+        );
+        let e = refuse_management_in_allocation(&remove).unwrap_err();
+        assert!(e.contains("give them to srun"), "{e}");
+        assert!(refuse_management_in_allocation(&JobOptions::default()).is_ok());
     }
 }

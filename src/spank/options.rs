@@ -42,6 +42,8 @@ impl JobOptions {
             Setting::EntrypointLog => self.entrypoint_log == Some(true),
             Setting::Name => self.name.is_some(),
             Setting::Save => self.save.is_some(),
+            Setting::Remove => self.remove.is_some(),
+            Setting::List => self.list == Some(true),
         }
     }
 
@@ -56,6 +58,7 @@ impl JobOptions {
             Setting::Mpi => self.mpi.as_ref(),
             Setting::Name => self.name.as_ref(),
             Setting::Save => self.save.as_ref(),
+            Setting::Remove => self.remove.as_ref(),
             _ => None,
         }
     }
@@ -85,6 +88,8 @@ impl JobOptions {
             Setting::EntrypointLog => self.entrypoint_log = Some(true),
             Setting::Name => self.name = Some(value),
             Setting::Save => self.save = Some(value),
+            Setting::Remove => self.remove = Some(value),
+            Setting::List => self.list = Some(true),
         }
     }
 }
@@ -105,6 +110,8 @@ enum Setting {
     EntrypointLog,
     Name,
     Save,
+    Remove,
+    List,
 }
 
 /// One row of the option table; Slurm's `val` for it is its index plus one.
@@ -259,6 +266,22 @@ const TABLE: &[OptionDef] = &[
         usage: c"[berth] after the step, save the container's root file system with its changes as a squashfs file at PATH on each node",
         env_suffix: Some("SAVE"),
     },
+    OptionDef {
+        setting: Setting::Remove,
+        name: c"container-remove",
+        display_name: "--container-remove",
+        arginfo: Some(c"NAME[,NAME...]"),
+        usage: c"[berth] remove these named containers of yours on each node of the step, then run the command on the host (srun only)",
+        env_suffix: None,
+    },
+    OptionDef {
+        setting: Setting::List,
+        name: c"container-list",
+        display_name: "--container-list",
+        arginfo: None,
+        usage: c"[berth] list your named containers on each node of the step, then run the command on the host (srun only)",
+        env_suffix: None,
+    },
 ];
 
 static VALUES: Mutex<JobOptions> = Mutex::new(JobOptions {
@@ -275,6 +298,8 @@ static VALUES: Mutex<JobOptions> = Mutex::new(JobOptions {
     name: None,
     save: None,
     mpi: None,
+    remove: None,
+    list: None,
 });
 
 /// Prefixes of the variables that stand in for options missing from the
@@ -443,6 +468,7 @@ fn check_value(setting: Setting, value: &str) -> Result<(), String> {
         Setting::Unshare => Namespace::parse_list(value).map(|_| ()),
         Setting::Name => ContainerName::parse(value).map(|_| ()),
         Setting::Save => check_save_path(value),
+        Setting::Remove => crate::step::manage::parse_names(value).map(|_| ()),
         Setting::Mpi if value.is_empty() || value.contains('/') || value.starts_with('.') => {
             Err(format!(
                 "'{value}' is not a profile name (the site's profiles are files in its inject_dir)"

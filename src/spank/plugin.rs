@@ -90,6 +90,7 @@ pub extern "C" fn slurm_spank_init_post_opt(
                 let options = options::current();
                 local::check_options(&options)?;
                 if handle::context() == Context::Allocator {
+                    local::refuse_management_in_allocation(&options)?;
                     options::export_for_batch_step();
                 }
                 resolve::at_submission(&options, config())

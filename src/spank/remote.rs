@@ -76,6 +76,13 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
     options::settle_writable_flags(|name| spank.getenv(name), false)?;
     let options = options::current();
     let step = spank.step_id().map_err(|e| e.to_string())?;
+    if crate::step::manage::wanted(&options) {
+        // srun only (sbatch and salloc refuse them): never the extern step.
+        if step == crate::step::EXTERN_STEP || step == crate::step::BATCH_STEP {
+            return Ok(());
+        }
+        return crate::step::manage::run(&snapshot(spank)?, &options, config, &SpankReport);
+    }
     if !crate::step::wants_container(step, &options, config) {
         return Ok(());
     }

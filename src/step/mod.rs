@@ -14,6 +14,8 @@
 //! - `image`: pull or import, and hold;
 //! - `fanout`: the fan-out roles (`fanout=sbcast`) and their fall back;
 //! - `named`: `--container-name` (join, reuse or create), and the epilog;
+//! - `manage`: `--container-list` and `--container-remove` (the user's own
+//!   named containers, listed or removed by root);
 //! - `unnamed`: a step without a name;
 //! - `container`: what the tasks join, released and saved at the end;
 //! - `cancel_watch`: stops a setup whose job ended;
@@ -25,6 +27,7 @@ pub mod container;
 pub mod context;
 pub mod fanout;
 pub mod image;
+pub mod manage;
 pub mod named;
 pub mod options;
 pub mod pin;

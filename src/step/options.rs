@@ -32,6 +32,10 @@ pub struct JobOptions {
     pub save: Option<String>,
     /// `--container-mpi`: the host MPI profile to inject (`none`: none).
     pub mpi: Option<String>,
+    /// `--container-remove=NAME[,NAME...]`: named containers to remove.
+    pub remove: Option<String>,
+    /// `--container-list`: list the user's named containers.
+    pub list: Option<bool>,
 }
 
 /// The names listed in `--container-env`; an empty list or name is refused

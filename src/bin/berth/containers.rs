@@ -38,12 +38,14 @@ pub enum Action {
     },
 }
 
-/// `berth containers list|rm` (root only: the containers live in the node store).
+/// `berth containers list|rm` (root only: the containers live in the node
+/// store; users have `srun --container-list` and `--container-remove`).
 pub fn run(action: Action) -> Result<ExitCode> {
     if !nix::unistd::geteuid().is_root() {
         bail!(
-            "named containers live in the node store and belong to root: run `berth containers` \
-             as root (ask your admin), or use container_scope=job so they go with the job"
+            "named containers live in the node store, which belongs to root: to list or remove \
+             your own, run `srun --container-list true` or `srun --container-remove=NAME true` \
+             (add -N/-w for the nodes); `berth containers` is for root"
         );
     }
     match action {
