@@ -8,6 +8,9 @@
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    // Set by spank_bindings from what the installed Slurm headers offer.
+    println!("cargo:rustc-check-cfg=cfg(berth_prepend_argv)");
+    println!("cargo:rustc-check-cfg=cfg(berth_init_failure_mode)");
     #[cfg(feature = "spank")]
     spank_bindings();
 }
@@ -51,4 +54,17 @@ fn spank_bindings() {
         .and_then(|rest| rest.split(';').next())
         .expect("slurm/spank.h defines no SLURM_VERSION_NUMBER");
     println!("cargo:rustc-env=BERTH_BUILT_FOR_SLURM={version}");
+    // Slurm 23.11+: a plugin may prepend to the task's argv, so tasks enter
+    // the container by exec, after Slurm's own task setup (TaskProlog).
+    // BERTH_ENTER_IN_TASK_INIT=1 keeps 22.05's way (join in task_init) on a
+    // newer release: for measurements and for checking the tests.
+    println!("cargo:rerun-if-env-changed=BERTH_ENTER_IN_TASK_INIT");
+    let join_in_task_init = env::var("BERTH_ENTER_IN_TASK_INIT").is_ok_and(|v| v == "1");
+    if text.contains("pub fn spank_prepend_task_argv") && !join_in_task_init {
+        println!("cargo:rustc-cfg=berth_prepend_argv");
+    }
+    // Slurm 25.05+: slurm_spank_init_failure_mode (ESPANK_JOB_FAILURE).
+    if text.contains("ESPANK_JOB_FAILURE") {
+        println!("cargo:rustc-cfg=berth_init_failure_mode");
+    }
 }

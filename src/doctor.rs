@@ -8,10 +8,11 @@
 use std::ffi::CString;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use crate::config::Config;
+
+mod slurm_release;
 
 /// How bad a finding is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -89,13 +90,14 @@ pub fn run_checks(config: &Config, options: &DoctorOptions) -> Vec<Finding> {
         tool("squashfuse", "squashfuse", Level::Warn),
         tool("fuse-overlayfs", "fuse-overlayfs", Level::Warn),
         helper(&config.helper_path),
-        slurm_version(),
     ];
+    findings.extend(slurm_release::check());
     findings.extend(slurm_tools(config));
     findings.push(gpu_isolation(
         &crate::slurm_conf::slurm_conf_path(),
         node_has_gpu_devices(),
     ));
+    findings.push(contain_spank(&crate::slurm_conf::slurm_conf_path()));
     let node = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_default();
@@ -457,52 +459,30 @@ fn gpu_isolation(slurm_conf: &Path, has_gpu_devices: bool) -> Finding {
     }
 }
 
-/// The Slurm release the plugin was built for, against slurmd's.
-fn slurm_version() -> Finding {
-    let check = "Slurm version";
-    let Some(built) = built_for_slurm() else {
-        return Finding::new(
-            Level::Warn,
-            check,
-            "this berth was built without the SPANK plugin (cargo feature `spank`)".to_string(),
-            "build with the default features (make install) on a machine with libslurm-dev",
-        );
-    };
-    let built_text = format!(
-        "{}.{:02}.{}",
-        (built >> 16) & 0xff,
-        (built >> 8) & 0xff,
-        built & 0xff
-    );
-    let found = Command::new("slurmd")
-        .arg("-V")
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
-    let Some(found) = found else {
-        return Finding::new(
-            Level::Warn,
-            check,
-            format!("plugin built for Slurm {built_text}; slurmd not found to compare"),
-            "run berth doctor on a compute node (where slurmd is installed)",
-        );
-    };
-    // "slurm 22.05.8" -> the release (major.minor) must match.
-    let installed = found.split_whitespace().last().unwrap_or("").to_string();
-    let release = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
-    if release(&installed) == release(&built_text) {
-        Finding::ok(
-            check,
-            format!("plugin built for {built_text}, slurmd is {installed}"),
-        )
-    } else {
-        Finding::new(
+/// `SlurmdParameters=contain_spank` (Slurm 24.05 and later) runs SPANK's
+/// `user_init` in a clone of slurmstepd whose file descriptors die with it:
+/// berth's containers cannot be made there (the step fails with the fix).
+fn contain_spank(slurm_conf: &Path) -> Finding {
+    let check = "contain_spank";
+    match crate::slurm_conf::value(slurm_conf, "SlurmdParameters") {
+        Ok(Some(params)) if params.split(',').any(|p| p.trim() == "contain_spank") => Finding::new(
             Level::Fail,
             check,
-            format!("plugin built for Slurm {built_text}, but slurmd is {installed}"),
-            "rebuild berth against this Slurm's headers (libslurm-dev) and reinstall",
-        )
+            format!(
+                "SlurmdParameters={params} in {}: Slurm runs user_init in a short-lived \
+                     clone of slurmstepd, and berth refuses to make containers there",
+                slurm_conf.display()
+            ),
+            "remove contain_spank from SlurmdParameters and restart slurmd (berth enters \
+                 the job's job_container/tmpfs namespace by itself)",
+        ),
+        Ok(_) => Finding::ok(check, "off (SlurmdParameters)"),
+        Err(e) => Finding::new(
+            Level::Warn,
+            check,
+            format!("{e:#}"),
+            "run berth doctor on a compute node, or point SLURM_CONF at its slurm.conf",
+        ),
     }
 }
 

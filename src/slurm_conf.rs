@@ -12,6 +12,33 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
+/// Whether Slurm puts jobs in a user namespace of its own (Slurm 25.11+:
+/// `NamespaceType=namespace/linux` in `slurm_conf` and `CLONE_NEWUSER` among
+/// the `clone_ns_flags` of the `namespace.yaml` beside it, for any node:
+/// Slurm itself looks for the flag's name anywhere in the setting). A task
+/// already in that namespace cannot join a container's. Files that do not
+/// exist mean no.
+pub fn jobs_get_a_user_namespace(slurm_conf: &Path) -> Result<bool> {
+    let namespace_type = match value(slurm_conf, "NamespaceType") {
+        Ok(v) => v,
+        Err(_) if !slurm_conf.exists() => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    if !namespace_type.is_some_and(|t| t.eq_ignore_ascii_case("namespace/linux")) {
+        return Ok(false);
+    }
+    let yaml = beside(slurm_conf, "namespace.yaml");
+    let text = match std::fs::read_to_string(&yaml) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", yaml.display())),
+    };
+    Ok(text
+        .lines()
+        .map(|line| line.split('#').next().unwrap_or_default())
+        .any(|line| line.to_ascii_uppercase().contains("CLONE_NEWUSER")))
+}
+
 /// How deep `Include` lines may nest (Slurm's own limit is lower).
 const MAX_INCLUDE_DEPTH: usize = 8;
 
@@ -119,5 +146,33 @@ mod tests {
         assert!(format!("{e:#}").contains("nope.conf"), "{e:#}");
         assert!(is_yes("Yes") && is_yes("true") && !is_yes("no"));
         assert_eq!(beside(&conf, "gres.conf"), dir.path().join("gres.conf"));
+    }
+
+    #[test]
+    fn a_user_namespace_of_slurms_own_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("slurm.conf");
+        let yaml = dir.path().join("namespace.yaml");
+        assert!(!jobs_get_a_user_namespace(&conf).unwrap());
+        std::fs::write(
+            &conf,
+            "NamespaceType=namespace/linux\nPrologFlags=Contain\n",
+        )
+        .unwrap();
+        assert!(!jobs_get_a_user_namespace(&conf).unwrap());
+        std::fs::write(
+            &yaml,
+            "defaults:\n  clone_ns_flags:\n    - \"CLONE_NEWPID\"\n  # - \"CLONE_NEWUSER\"\n",
+        )
+        .unwrap();
+        assert!(!jobs_get_a_user_namespace(&conf).unwrap());
+        std::fs::write(
+            &yaml,
+            "defaults:\n  clone_ns_flags:\n    - \"clone_newuser\"\n",
+        )
+        .unwrap();
+        assert!(jobs_get_a_user_namespace(&conf).unwrap());
+        std::fs::write(&conf, "NamespaceType=namespace/tmpfs\n").unwrap();
+        assert!(!jobs_get_a_user_namespace(&conf).unwrap());
     }
 }

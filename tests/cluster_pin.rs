@@ -293,9 +293,12 @@ fn quiet_by_default_and_missing_images_fail_at_submission() {
     ] {
         assert!(setup[0].contains(part), "no '{part}' in {}", setup[0]);
     }
+    // 22.05 joins in task_init; 23.11+ prepares the exec step there.
     assert!(
         log.contains(&format!(
             "berth: job {job} step 0: first task joined the container in "
+        )) || log.contains(&format!(
+            "berth: job {job} step 0: first task prepared to enter the container in "
         )),
         "{log_path} has no join line for job {job}"
     );

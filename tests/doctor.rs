@@ -98,3 +98,65 @@ fn a_broken_node_is_told_what_to_fix() {
     );
     assert!(out.contains("4 problem(s) to fix"), "{out}");
 }
+
+/// `berth doctor` compares the Slurm release the plugin was built for with
+/// the installed slurmd and with the test cluster's running slurmds: on the
+/// release it was built for it says so and counts them; on another release
+/// (tests/release.sh runs this, built on the machine's 22.05, in the roots of
+/// 24.11 and 26.05) it fails, for the installed binary and for each running
+/// slurmd, and says what to do.
+#[test]
+fn slurm_release_of_the_plugin_is_checked_against_slurmd() {
+    let Some(cluster) = Cluster::get() else {
+        return;
+    };
+    // Unset only without the `spank` feature, where there is no plugin.
+    let Some(built) = option_env!("BERTH_BUILT_FOR_SLURM") else {
+        eprintln!("skipped: berth is built without the SPANK plugin");
+        return;
+    };
+    let built: u64 = built.parse().unwrap();
+    let built = format!("{}.{:02}", built >> 16, (built >> 8) & 0xff);
+    let installed = output_of(Command::new("slurmd").arg("-V"));
+    let installed = String::from_utf8_lossy(&installed.stdout)
+        .split_whitespace()
+        .last()
+        .unwrap()
+        .to_string();
+    let plugstack =
+        std::path::Path::new(&cluster.var("SLURM_CONF")).with_file_name("plugstack.conf");
+    let (_, out) = doctor(&[
+        "--plugstack",
+        plugstack.to_str().unwrap(),
+        "--min-free",
+        "1M",
+    ]);
+    if installed.starts_with(&format!("{built}.")) {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("ok   Slurm version: plugin built for"))
+            .unwrap_or_else(|| panic!("no ok for the Slurm version:\n{out}"));
+        let running: usize = line
+            .rsplit_once(" (")
+            .and_then(|(_, n)| n.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no count of running slurmds: {line}"));
+        assert!(running >= 1, "the cluster's slurmds are not seen: {line}");
+        assert!(!out.contains("FAIL Slurm version"), "{out}");
+    } else {
+        assert!(
+            out.contains(&format!(
+                "FAIL Slurm version: plugin built for Slurm {built}."
+            )) && out.contains(&format!("but the installed slurmd is {installed}")),
+            "{out}"
+        );
+        assert!(
+            out.contains("fix: rebuild berth against this Slurm's headers"),
+            "{out}"
+        );
+        assert!(
+            out.contains("FAIL Slurm version: running slurmd (pid "),
+            "the cluster's running slurmds are not checked:\n{out}"
+        );
+    }
+}

@@ -19,6 +19,17 @@
 #
 # BERTH_RELEASE_PARALLEL=1 runs the roots at once (tests/run.sh does), each
 # line of output prefixed with its release; the default is one after the other.
+#
+# BERTH_RELEASE_SITE: the cluster the roots run, `plain` (the default) or
+# `gpu`: the GPU site of tests/harness/cluster.sh (proctrack/task cgroup with
+# ConstrainDevices, fake GRES GPUs, job_container/tmpfs or, on 25.11+,
+# namespace/tmpfs), where the core suite runs and cluster_gpu with it, on one
+# cluster. Not yet the default: cluster_fanout's four_nodes_one_registry_pull
+# and tampered_fanout_files_fall_back_to_the_registry fail there (the other
+# nodes do not hear from the first within 5 s and pull themselves). BERTH_RELEASE_CONTAIN_SPANK=yes adds
+# SlurmdParameters=contain_spank, under which berth refuses containers. BERTH_RELEASE_INDEX (default 20) is the third octet of the
+# first root's /24 (the next root takes the next one), also the offset of its
+# ports and the name: a developer's run beside CI's picks another one.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -43,6 +54,12 @@ case $(realpath -m "$target")/ in
 *) echo "CARGO_TARGET_DIR ($target) must lie inside the checkout ($REPO): the release roots see only the checkout" >&2; exit 2 ;;
 esac
 
+site=${BERTH_RELEASE_SITE:-plain}
+contain_spank=${BERTH_RELEASE_CONTAIN_SPANK:-no}
+base=${BERTH_RELEASE_INDEX:-20}
+[[ $site == gpu || $site == plain ]] || { echo "BERTH_RELEASE_SITE must be gpu or plain (got '$site')" >&2; exit 2; }
+[[ $contain_spank == yes || $contain_spank == no ]] || { echo "BERTH_RELEASE_CONTAIN_SPANK must be yes or no" >&2; exit 2; }
+[[ $base =~ ^[0-9]+$ ]] && ((base >= 10 && base <= 250)) || { echo "BERTH_RELEASE_INDEX must be 10..250" >&2; exit 2; }
 for suite in "$@"; do
     case $suite in
     trixie | sid) ;;
@@ -79,20 +96,21 @@ build_berth() {
 
 # run_suite SUITE: the core suite inside SUITE's root.
 run_suite() {
-    local suite=$1 index prolog=harness t0=$SECONDS
+    local suite=$1 index name prolog=harness t0=$SECONDS
     case $suite in
-    # Slurm 24.11.0 to 24.11.6 run a site TaskProlog through a re-exec of
-    # slurmstepd inside the task's mount namespace, the container, where
-    # slurmstepd does not exist (status 127; fixed in 24.11.7): trixie's
-    # 24.11.5 cluster runs without the harness's TaskProlog
-    # (docs/COMPATIBILITY.md).
-    trixie) index=20 prolog=none ;;
-    sid) index=21 ;;
+    # Both run the harness's TaskProlog: on 23.11 and later berth's tasks
+    # enter the container by exec, after Slurm ran the TaskProlog on the host
+    # (which 24.11.0 to 24.11.6 could not do inside a container).
+    trixie) index=$base ;;
+    sid) index=$((base + 1)) ;;
     esac
+    name=berthtest-$suite
+    ((base == 20)) || name+=-$base
     tests/harness/release-root.sh "$suite" build
     build_berth "$suite"
     tests/harness/release-root.sh "$suite" enter env \
-        BERTH_TEST_NAME="berthtest-$suite" BERTH_TEST_SUITE=core BERTH_TEST_TASK_PROLOG=$prolog \
+        BERTH_TEST_NAME="$name" BERTH_TEST_SUITE=core BERTH_TEST_TASK_PROLOG=$prolog \
+        BERTH_TEST_SITE="$site" BERTH_TEST_CONTAIN_SPANK="$contain_spank" \
         BERTH_TEST_SUBNET="10.77.$index" BERTH_TEST_SLOT=0 \
         BERTH_TEST_SLURMCTLD_PORT=$((16817 + 100 * index)) BERTH_TEST_SLURMD_PORT=$((16818 + 100 * index)) \
         BERTH_TEST_REGISTRY_PORT=$((15000 + 100 * index)) BERTH_TEST_TOKEN_REGISTRY_PORT=$((15001 + 100 * index)) \
@@ -100,7 +118,7 @@ run_suite() {
         CARGO_TARGET_DIR="$target/slurm-$suite" BERTH_TEST_BINARIES="$binaries" \
         BERTH_TEST_CACHE_DIR="$cache/images-$suite" \
         tests/run.sh
-    log "$suite: core suite passed in $((SECONDS - t0))s"
+    log "$suite: core suite ($site site) passed in $((SECONDS - t0))s"
 }
 
 t0=$SECONDS

@@ -180,6 +180,10 @@ if [[ $SUITE == core ]]; then
         read -ra filters <<<"${entry#*=}"
         core_run "${entry%%=*}" -- "${filters[@]}" || failed+=("$entry")
     done
+    if [[ ${BERTH_TEST_SITE:-plain} == gpu ]]; then
+        log "GPU site: $(grep -E '^(SlurmdParameters|JobContainerType|NamespaceType)=' "$SLURM_CONF_FILE" | tr '\n' ' ')"
+        core_run "${CORE_GPU_TESTS[@]}" -- --test-threads=2 || failed+=("${CORE_GPU_TESTS[*]}")
+    fi
     log "leftover check (alone, after every other test)"
     core_run "$CORE_LAST" -- || failed+=("$CORE_LAST")
     ((${#failed[@]} == 0)) || { echo "[tests] FAILED (core suite): ${failed[*]}" >&2; exit 1; }

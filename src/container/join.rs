@@ -2,11 +2,13 @@
 //! it: [`Container::join`] for a process that is about to exec (a Slurm task),
 //! [`Container::run`] for a command started from here (the CLI).
 
+use std::ffi::OsString;
 use std::ffi::{CStr, CString};
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
 use std::process::ExitStatus;
 use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -274,29 +276,41 @@ impl Container {
 
     /// setns into the namespaces and chdir; raw syscalls only (used after fork).
     fn enter(&self, workdir: &CStr) -> Result<(), (Step, Errno)> {
-        setns(self.user_ns.as_fd(), CloneFlags::CLONE_NEWUSER)
-            .map_err(|errno| (Step::UserNamespace, errno))?;
-        for (kind, fd) in &self.namespaces {
-            let (flag, step) = match kind {
-                Namespace::Uts => (CloneFlags::CLONE_NEWUTS, Step::UtsNamespace),
-                Namespace::Ipc => (CloneFlags::CLONE_NEWIPC, Step::IpcNamespace),
-                Namespace::Net => (CloneFlags::CLONE_NEWNET, Step::NetNamespace),
-            };
-            setns(fd.as_fd(), flag).map_err(|errno| (step, errno))?;
+        let others: Vec<(Namespace, BorrowedFd<'_>)> = self
+            .namespaces
+            .iter()
+            .map(|(kind, fd)| (*kind, fd.as_fd()))
+            .collect();
+        enter_fds(
+            self.user_ns.as_fd(),
+            &others,
+            self.mount_ns.as_fd(),
+            workdir,
+            self.remap_root,
+        )
+    }
+
+    /// The words to put before a task's command so that it enters the
+    /// container by exec (`HELPER __enter ... --`, see [`enter_main`]),
+    /// for Slurm releases that let a plugin prepend to the task's argv.
+    /// Call it in the task's own process just before Slurm execs it: it
+    /// lets the namespace descriptors survive that exec (in this process
+    /// only; `__enter` closes them again before it runs the command).
+    pub fn enter_prefix(&self, helper_exe: &Path) -> anyhow::Result<Vec<String>> {
+        let mut words = vec![
+            helper_exe.to_string_lossy().into_owned(),
+            ENTER_ARG.to_string(),
+        ];
+        for (kind, fd) in self.namespace_fds() {
+            keep_open_across_exec(fd).with_context(|| {
+                format!("cannot pass the container's {kind} namespace to the task")
+            })?;
+            words.push(format!("{kind}={fd}"));
         }
-        setns(self.mount_ns.as_fd(), CloneFlags::CLONE_NEWNS)
-            .map_err(|errno| (Step::MountNamespace, errno))?;
-        nix::unistd::chdir(workdir).map_err(|errno| (Step::Workdir, errno))?;
-        // A setuid or file-capability binary in the image never gives privilege
-        // (the image is also mounted nosuid).
-        // SAFETY: prctl with integer arguments only; async-signal-safe.
-        if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-            return Err((Step::NoNewPrivs, Errno::last()));
-        }
-        if self.remap_root {
-            seccomp::install_remap_root_filter().map_err(|err| (Step::Seccomp, errno_of(&err)))?;
-        }
-        Ok(())
+        words.push(format!("remap_root={}", u8::from(self.remap_root)));
+        words.push(format!("workdir={}", self.workdir));
+        words.push("--".to_string());
+        Ok(words)
     }
 
     fn describe(&self, step: Step, errno: Errno, command: Option<(&str, &str)>) -> String {
@@ -343,6 +357,184 @@ impl Container {
                 None => format!("cannot run the command in the container: {errno}"),
             },
         }
+    }
+}
+
+/// setns into the user namespace, the others in their order, then the
+/// mount namespace; chdir; no_new_privs; the remap-root filter. Raw
+/// syscalls only (used after fork).
+fn enter_fds(
+    user_ns: BorrowedFd<'_>,
+    others: &[(Namespace, BorrowedFd<'_>)],
+    mount_ns: BorrowedFd<'_>,
+    workdir: &CStr,
+    remap_root: bool,
+) -> Result<(), (Step, Errno)> {
+    setns(user_ns, CloneFlags::CLONE_NEWUSER).map_err(|errno| (Step::UserNamespace, errno))?;
+    for (kind, fd) in others {
+        let (flag, step) = match kind {
+            Namespace::Uts => (CloneFlags::CLONE_NEWUTS, Step::UtsNamespace),
+            Namespace::Ipc => (CloneFlags::CLONE_NEWIPC, Step::IpcNamespace),
+            Namespace::Net => (CloneFlags::CLONE_NEWNET, Step::NetNamespace),
+        };
+        setns(fd, flag).map_err(|errno| (step, errno))?;
+    }
+    setns(mount_ns, CloneFlags::CLONE_NEWNS).map_err(|errno| (Step::MountNamespace, errno))?;
+    nix::unistd::chdir(workdir).map_err(|errno| (Step::Workdir, errno))?;
+    // A setuid or file-capability binary in the image never gives privilege
+    // (the image is also mounted nosuid).
+    // SAFETY: prctl with integer arguments only; async-signal-safe.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err((Step::NoNewPrivs, Errno::last()));
+    }
+    if remap_root {
+        seccomp::install_remap_root_filter().map_err(|err| (Step::Seccomp, errno_of(&err)))?;
+    }
+    Ok(())
+}
+
+/// Clears close-on-exec on `fd` in this process.
+fn keep_open_across_exec(fd: RawFd) -> anyhow::Result<()> {
+    // SAFETY: fcntl on a descriptor this process owns, integer arguments only.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(())
+}
+
+/// The hidden verb of the helper binary that enters a container by exec.
+pub const ENTER_ARG: &str = "__enter";
+
+/// `berth __enter user=FD [uts=FD] [ipc=FD] [net=FD] mnt=FD remap_root=0|1
+/// workdir=DIR -- COMMAND...` (the words of [`Container::enter_prefix`]):
+/// joins the namespaces held by the inherited descriptors, closes them,
+/// changes to DIR and execs COMMAND, searched in this process's `PATH`,
+/// with this process's environment. The process stays the same (pid,
+/// cgroup, parent, signal mask); only SIGPIPE, which the Rust runtime
+/// ignores, is set back to its default first. On failure it says why on
+/// stderr and exits 1 (127 when the command is not found, 126 when it cannot
+/// run).
+pub fn enter_main(args: &[OsString]) -> ! {
+    let (code, message) = match enter_and_exec(args) {
+        Ok(never) => match never {},
+        Err(failure) => failure,
+    };
+    eprintln!("berth: {message}");
+    std::process::exit(code)
+}
+
+/// The work of [`enter_main`]: returns only on failure, with the exit code
+/// and message.
+fn enter_and_exec(args: &[OsString]) -> Result<std::convert::Infallible, (i32, String)> {
+    let usage = |what: &str| {
+        (
+            1,
+            format!("__enter: {what} (this verb is for the Slurm plugin only)"),
+        )
+    };
+    let split = args
+        .iter()
+        .position(|a| a == "--")
+        .ok_or_else(|| usage("no '--' before the command"))?;
+    let (settings, command) = (&args[..split], &args[split + 1..]);
+    if command.is_empty() {
+        return Err(usage("no command after '--'"));
+    }
+    let mut user_ns = None;
+    let mut mount_ns = None;
+    let mut others = Vec::new();
+    let mut workdir = None;
+    let mut remap_root = false;
+    for word in settings {
+        let word = word
+            .to_str()
+            .ok_or_else(|| usage("a setting is not UTF-8"))?;
+        let (key, value) = word
+            .split_once('=')
+            .ok_or_else(|| usage(&format!("bad setting '{word}'")))?;
+        let fd = || -> Result<BorrowedFd<'static>, (i32, String)> {
+            let raw: RawFd = value
+                .parse()
+                .map_err(|_| usage(&format!("bad descriptor in '{word}'")))?;
+            // SAFETY: the plugin left this descriptor open for this process,
+            // which uses it only here, before exec, and never closes it while
+            // borrowed (the descriptors are closed after the last setns).
+            Ok(unsafe { BorrowedFd::borrow_raw(raw) })
+        };
+        match key {
+            "user" => user_ns = Some(fd()?),
+            "mnt" => mount_ns = Some(fd()?),
+            "uts" => others.push((Namespace::Uts, fd()?)),
+            "ipc" => others.push((Namespace::Ipc, fd()?)),
+            "net" => others.push((Namespace::Net, fd()?)),
+            "remap_root" => remap_root = value == "1",
+            "workdir" => workdir = Some(value.to_string()),
+            _ => return Err(usage(&format!("unknown setting '{word}'"))),
+        }
+    }
+    let (Some(user_ns), Some(mount_ns), Some(workdir)) = (user_ns, mount_ns, workdir) else {
+        return Err(usage(
+            "the user and mount namespaces and the workdir are required",
+        ));
+    };
+    let workdir_c = CString::new(workdir.as_bytes()).map_err(|_| usage("workdir has a NUL"))?;
+    let program = CString::new(command[0].as_bytes()).map_err(|_| usage("command has a NUL"))?;
+    let argv_c = to_cstrings(command.iter().map(|a| a.as_bytes()))
+        .map_err(|_| usage("a command argument has a NUL"))?;
+    let argv = null_terminated(&argv_c);
+    let fds: Vec<RawFd> = std::iter::once(user_ns.as_raw_fd())
+        .chain(others.iter().map(|(_, fd)| fd.as_raw_fd()))
+        .chain(std::iter::once(mount_ns.as_raw_fd()))
+        .collect();
+    let entered = enter_fds(user_ns, &others, mount_ns, &workdir_c, remap_root);
+    for fd in fds {
+        // SAFETY: these descriptors were passed to this process for this
+        // one use; nothing borrows them after the setns calls above.
+        unsafe { libc::close(fd) };
+    }
+    if let Err((step, errno)) = entered {
+        return Err((1, describe_entry(step, errno, &workdir)));
+    }
+    // SAFETY: restores the default action of one signal before exec; no
+    // handler is involved.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    // SAFETY: program and argv are valid NUL-terminated strings, argv ends
+    // with a null pointer; execvp returns only on failure.
+    unsafe { libc::execvp(program.as_ptr(), argv.as_ptr()) };
+    let errno = Errno::last();
+    let name = command[0].to_string_lossy();
+    let path = std::env::var("PATH").unwrap_or_else(|_| DEFAULT_PATH.to_string());
+    Err(if errno == Errno::ENOENT && !name.contains('/') {
+        (
+            127,
+            format!("command '{name}' not found in the container (PATH={path})"),
+        )
+    } else {
+        (
+            126,
+            format!("cannot run '{name}' in the container: {errno}"),
+        )
+    })
+}
+
+/// The message for a failed step of entering by `__enter`.
+fn describe_entry(step: Step, errno: Errno, workdir: &str) -> String {
+    match step {
+        Step::UserNamespace => format!(
+            "cannot join the container's user namespace (setns): {errno}; the task must run as \
+             the user the container was built for"
+        ),
+        Step::Workdir => format!(
+            "cannot change to the working directory {workdir} in the container: {errno}; does \
+             it exist in the image? Choose another with --container-workdir"
+        ),
+        Step::Seccomp => format!(
+            "cannot install the seccomp filter of --container-remap-root: {errno}; run without \
+             --container-remap-root"
+        ),
+        other => format!("cannot enter the container ({other:?}): {errno}"),
     }
 }
 

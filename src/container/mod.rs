@@ -51,7 +51,7 @@ pub mod usermount;
 
 pub use env::task_env;
 pub use holder::{holder_main, HOLDER_ARG};
-pub use join::Container;
+pub use join::{enter_main, Container, ENTER_ARG};
 pub use spawn::spawn_holder;
 pub use spec::{
     parse_mounts, ContainerSpec, Mode, MountSpec, MountSpecError, Namespace, UserIdentity,

@@ -256,6 +256,32 @@ impl Spank {
         check(rc, &what)
     }
 
+    /// Puts `words` before the task's command (Slurm 23.11 and later, in
+    /// `task_init` only): Slurm then execs `words[0]` with the task's argv
+    /// after them.
+    #[cfg(berth_prepend_argv)]
+    pub fn prepend_task_argv(&self, words: &[String]) -> Result<(), SpankError> {
+        let what = "prepending to the task's command".to_string();
+        let owned: Vec<CString> = words
+            .iter()
+            .map(|w| CString::new(w.as_str()))
+            .collect::<Result<_, _>>()
+            .map_err(|_| SpankError {
+                what: what.clone(),
+                reason: "a word contains a NUL byte".into(),
+            })?;
+        let mut argv: Vec<*const c_char> = owned.iter().map(|w| w.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        let argc = c_int::try_from(owned.len()).map_err(|_| SpankError {
+            what: what.clone(),
+            reason: "too many words".into(),
+        })?;
+        // SAFETY: argv holds argc valid NUL-terminated strings and a final
+        // null pointer, alive for the call; Slurm copies the strings.
+        let rc = unsafe { ffi::spank_prepend_task_argv(self.0, argc, argv.as_mut_ptr()) };
+        check(rc, &what)
+    }
+
     /// Registers one option with Slurm.
     pub fn register_option(&self, option: &mut ffi::spank_option) -> Result<(), SpankError> {
         // SAFETY: the option's strings are 'static and Slurm copies the struct.

@@ -65,6 +65,31 @@ pub fn refuse_management_in_allocation(options: &JobOptions) -> Result<(), Strin
     Ok(())
 }
 
+/// Refuses a container step where Slurm puts the job in a user namespace
+/// of its own (25.11's `namespace/linux` with `CLONE_NEWUSER`): a task inside
+/// it cannot join the container's user namespace. Checked at submission
+/// (srun, sbatch, salloc) and again in slurmstepd, with the slurm.conf that
+/// process reads.
+pub fn check_slurm_namespaces(options: &JobOptions) -> Result<(), String> {
+    if options.image.is_none() && options.name.is_none() {
+        return Ok(());
+    }
+    let conf = crate::slurm_conf::slurm_conf_path();
+    let user_ns = crate::slurm_conf::jobs_get_a_user_namespace(&conf)
+        .map_err(|e| format!("cannot read Slurm's namespace settings: {e:#}"))?;
+    if !user_ns {
+        return Ok(());
+    }
+    Err(format!(
+        "--container-image and --container-name cannot work on this cluster: Slurm puts every \
+         job in a user namespace of its own (NamespaceType=namespace/linux in {} with \
+         CLONE_NEWUSER in clone_ns_flags of namespace.yaml), and a task inside it cannot enter \
+         the container's; ask the site to drop CLONE_NEWUSER from clone_ns_flags on the nodes \
+         that run containers",
+        conf.display()
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,6 +31,15 @@ pub static plugin_version: c_uint = ffi::SLURM_VERSION_NUMBER;
 #[used]
 pub static spank_plugin_version: c_uint = 1;
 
+/// Slurm 25.05 and later: a failed `slurm_spank_init` (a broken berth
+/// setting on the plugstack line or in berth.conf) fails the job instead of
+/// draining the node (Slurm's default, `ESPANK_NODE_FAILURE`): berth's
+/// configuration is the site's, and no node is at fault for it.
+#[cfg(berth_init_failure_mode)]
+#[no_mangle]
+#[used]
+pub static slurm_spank_init_failure_mode: c_int = ffi::slurm_err_t_ESPANK_JOB_FAILURE as c_int;
+
 static CONFIG: OnceLock<Config> = OnceLock::new();
 
 /// The configuration read at `slurm_spank_init`.
@@ -57,6 +66,9 @@ pub extern "C" fn slurm_spank_init(sp: ffi::spank_t, argc: c_int, argv: *mut *mu
             }
         }
         let _ = CONFIG.set(parsed);
+        if handle::context() == Context::Remote {
+            remote::record_stepd_process();
+        }
         let spank = Spank::from_raw(sp);
         match handle::context() {
             Context::Local | Context::Remote => {
@@ -89,6 +101,7 @@ pub extern "C" fn slurm_spank_init_post_opt(
                 options::apply_env_defaults(|name| std::env::var(name).ok())?;
                 let options = options::current();
                 local::check_options(&options)?;
+                local::check_slurm_namespaces(&options)?;
                 if handle::context() == Context::Allocator {
                     local::refuse_management_in_allocation(&options)?;
                     options::export_for_batch_step();
@@ -153,7 +166,7 @@ pub extern "C" fn slurm_spank_task_init(
             return Ok(());
         }
         let spank = Spank::from_raw(sp);
-        remote::task_init(&spank)
+        remote::task_init(&spank, config())
     })
 }
 

@@ -11,7 +11,6 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
-use std::time::Instant;
 
 use super::handle::{self, Spank};
 use super::options;
@@ -34,6 +33,30 @@ static SETUP_FAILED: Mutex<bool> = Mutex::new(false);
 /// The site's TaskProlog when this step's tasks run in a container: each
 /// task runs it on the host before it joins ([`super::task_prolog`]).
 static TASK_PROLOG: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+/// slurmstepd's own process id, recorded in `init`: `user_init` in another
+/// process is a clone of it (`SlurmdParameters=contain_spank`).
+static STEPD_PID: AtomicU32 = AtomicU32::new(0);
+
+/// What `user_init` says when Slurm runs it in a clone of slurmstepd.
+const CONTAIN_SPANK_REFUSED: &str = "berth cannot run containers with SlurmdParameters=contain_spank: Slurm then runs \
+    user_init in a short-lived clone of slurmstepd with a file table of its own, so the \
+    container's namespace handles made there never reach the tasks. Remove contain_spank \
+    from SlurmdParameters in slurm.conf and restart slurmd: berth enters the job's \
+    job_container/tmpfs namespace by itself, so containers keep the job's private /tmp and \
+    /dev/shm without it";
+
+/// Records that this process is slurmstepd itself (called from `init`).
+pub fn record_stepd_process() {
+    STEPD_PID.store(std::process::id(), Ordering::Relaxed);
+}
+
+/// Whether this callback runs in a clone of slurmstepd (contain_spank), not
+/// in slurmstepd itself.
+fn in_a_clone_of_slurmstepd() -> bool {
+    let stepd = STEPD_PID.load(Ordering::Relaxed);
+    stepd != 0 && stepd != std::process::id()
+}
 
 /// The step's messages, to Slurm's log and srun's terminal.
 pub struct SpankReport;
@@ -86,6 +109,10 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
     if !crate::step::wants_container(step, &options, config) {
         return Ok(());
     }
+    if in_a_clone_of_slurmstepd() {
+        return Err(CONTAIN_SPANK_REFUSED.to_string());
+    }
+    super::local::check_slurm_namespaces(&options)?;
     let Some(started) = crate::step::start(snapshot(spank)?, options, config, &SpankReport)? else {
         return Ok(());
     };
@@ -120,11 +147,12 @@ fn snapshot(spank: &Spank) -> Result<Snapshot, String> {
         batch_argv,
         cwd,
         verbose: crate::step::timings::step_is_verbose(spank.getenv("SRUN_DEBUG").as_deref()),
+        slurm_runs_task_prolog: cfg!(berth_prepend_argv),
     })
 }
 
 /// Joins the calling task to the step's container and applies the image env.
-pub fn task_init(spank: &Spank) -> Result<(), String> {
+pub fn task_init(spank: &Spank, config: &Config) -> Result<(), String> {
     if *SETUP_FAILED.lock().unwrap_or_else(|p| p.into_inner()) {
         return Err("the container could not be set up on this node (see the error above)".into());
     }
@@ -132,8 +160,50 @@ pub fn task_init(spank: &Spank) -> Result<(), String> {
     let Some(step) = guard.as_ref() else {
         return Ok(());
     };
-    // Slurm would run the site's TaskProlog inside the container, after this
-    // callback: run it here on the host instead, before the task joins.
+    let prolog_actions = enter(spank, step, config)?;
+    set_task_env(spank, step)?;
+    super::task_prolog::apply(spank, &prolog_actions)
+}
+
+/// Slurm 23.11 and later: the task stays on the host through Slurm's own
+/// task setup (the site's TaskProlog runs there, as for a bare task) and
+/// enters the container when Slurm execs it, through `berth __enter`
+/// prepended to its command. Nothing for berth to apply afterwards: Slurm
+/// applies the TaskProlog's output itself.
+#[cfg(berth_prepend_argv)]
+fn enter(
+    spank: &Spank,
+    step: &StepContainer,
+    config: &Config,
+) -> Result<Vec<super::task_prolog::Action>, String> {
+    let started = std::time::Instant::now();
+    let words = step
+        .container
+        .enter_prefix(&config.helper_path)
+        .map_err(|e| format!("cannot prepare the task to enter the container: {e:#}"))?;
+    spank
+        .prepend_task_argv(&words)
+        .map_err(|e| format!("cannot make the task enter the container: {e}"))?;
+    if spank.local_task_id().is_ok_and(|id| id == 0) {
+        if let (Ok(job), Ok(step)) = (spank.job_id(), spank.step_id()) {
+            handle::log_info(&format!(
+                "job {job} step {step}: first task prepared to enter the container in {:.1} ms",
+                started.elapsed().as_secs_f64() * 1e3
+            ));
+        }
+    }
+    Ok(Vec::new())
+}
+
+/// Slurm 22.05 (no `spank_prepend_task_argv`): Slurm would run the site's
+/// TaskProlog inside the container, after this callback, so berth runs it
+/// here on the host instead, then the task joins the container now.
+#[cfg(not(berth_prepend_argv))]
+fn enter(
+    spank: &Spank,
+    step: &StepContainer,
+    _config: &Config,
+) -> Result<Vec<super::task_prolog::Action>, String> {
     let prolog = TASK_PROLOG
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -154,7 +224,7 @@ pub fn task_init(spank: &Spank) -> Result<(), String> {
         },
         None => Vec::new(),
     };
-    let join_started = Instant::now();
+    let join_started = std::time::Instant::now();
     step.container
         .join()
         .map_err(|e| format!("cannot enter the container: {e:#}"))?;
@@ -170,6 +240,12 @@ pub fn task_init(spank: &Spank) -> Result<(), String> {
             handle::log_user(&crate::step::timings::join_line(&node, joined));
         }
     }
+    Ok(prolog_actions)
+}
+
+/// The task's environment in the container: the image's, the entrypoint's
+/// changes, enroot's PMIx and PyTorch hooks.
+fn set_task_env(spank: &Spank, step: &StepContainer) -> Result<(), String> {
     let keeps =
         |name: &str| step.keep_job_env.iter().any(|n| n == name) && spank.getenv(name).is_some();
     // The job's locale stays outside unless --container-env names it (as
@@ -202,7 +278,7 @@ pub fn task_init(spank: &Spank) -> Result<(), String> {
     for (name, value) in hooks {
         spank.setenv(&name, &value).map_err(|e| e.to_string())?;
     }
-    super::task_prolog::apply(spank, &prolog_actions)
+    Ok(())
 }
 
 /// After each local task: the last one lets go of the container and, with

@@ -140,7 +140,11 @@ fn context<'a>(
         _ => None,
     };
     let fanout = FanoutStep::of(&snapshot, config)?;
-    let task_prolog = task_prolog::site_prolog()?;
+    let task_prolog = if snapshot.slurm_runs_task_prolog {
+        None
+    } else {
+        task_prolog::site_prolog()?
+    };
     let Snapshot {
         job,
         step,

@@ -40,6 +40,10 @@ pub struct Snapshot {
     pub cwd: Option<PathBuf>,
     /// `srun -v` or more: this node's setup timings are shown to the user.
     pub verbose: bool,
+    /// Slurm runs the site's TaskProlog itself, on the host, before the task
+    /// enters the container (the plugin enters by exec, Slurm 23.11+): berth
+    /// neither runs it nor binds a stand-in for it.
+    pub slurm_runs_task_prolog: bool,
 }
 
 impl Snapshot {

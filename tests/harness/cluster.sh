@@ -120,13 +120,47 @@ EOF
 # machine's own memory cgroup. Jobs get a private /tmp and /dev/shm from
 # job_container/tmpfs (job_container.conf: one BasePath per node,
 # NODES_DIR/nodeN/job-containers, since all nodes share this machine's disk).
+#
+# Per release: 25.11 renamed JobContainerType to NamespaceType (the old name
+# still works, with a warning; the plugin is namespace/tmpfs, which still
+# reads job_container.conf). From 24.05 on, BERTH_TEST_CONTAIN_SPANK=yes adds
+# SlurmdParameters=contain_spank (default `no`): slurmstepd then runs the
+# user_init, task_post_fork and task_exit callbacks in a clone of itself
+# inside the job's namespace, where berth refuses to make containers (its
+# namespace handles would die with the clone; docs/INSTALL.md).
 site_lines() {
     if [[ $SITE == gpu ]]; then
         printf 'ProctrackType=proctrack/cgroup\nTaskPlugin=task/cgroup\nGresTypes=gpu\n'
-        printf 'JobContainerType=job_container/tmpfs\nPrologFlags=Contain\n'
+        if slurm_at_least 25 11; then
+            printf 'NamespaceType=namespace/tmpfs\nPrologFlags=Contain\n'
+        else
+            printf 'JobContainerType=job_container/tmpfs\nPrologFlags=Contain\n'
+        fi
     else
         printf 'ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n'
     fi
+}
+
+# slurm_at_least MAJOR MINOR: whether the installed slurmd is that release
+# or a later one.
+slurm_at_least() {
+    local v major minor
+    v=$(slurmd -V 2>/dev/null | awk '{print $2}')
+    major=${v%%.*}
+    minor=${v#*.}
+    minor=${minor%%.*}
+    [[ $major =~ ^[0-9]+$ && $minor =~ ^[0-9]+$ ]] || return 1
+    ((10#$major > $1 || (10#$major == $1 && 10#$minor >= $2)))
+}
+
+# The SlurmdParameters line: nodes declare CPUs=4 whatever the hardware has
+# (config_overrides); contain_spank on the GPU site where the release has it.
+slurmd_parameters() {
+    local params=config_overrides
+    if [[ $SITE == gpu && ${BERTH_TEST_CONTAIN_SPANK:-no} == yes ]] && slurm_at_least 24 5; then
+        params+=,contain_spank
+    fi
+    printf 'SlurmdParameters=%s\n' "$params"
 }
 
 write_gpu_config() {
@@ -239,8 +273,7 @@ JobCompType=jobcomp/none
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
-# Nodes declare CPUs=4 whatever the hardware has.
-SlurmdParameters=config_overrides
+$(slurmd_parameters)
 
 ReturnToService=2
 SlurmctldTimeout=120

@@ -7,19 +7,23 @@
 #
 #   CORE_TESTS          run together (two test threads), every test
 #   CORE_FILTERED       NAME=FILTER: only the tests of NAME matching FILTER
-#                       (cluster_site's TaskProlog tests need a TaskProlog,
-#                       which 24.11.0 to 24.11.6 cannot run for containers)
 #   CORE_LAST           cluster_leftovers, alone, after every other test
 # shellcheck disable=SC2034  # read by the scripts that source this file
-CORE_TESTS=(cluster cluster_entry cluster_named cluster_mpi cluster_pin cluster_private cluster_fanout)
+CORE_TESTS=(cluster cluster_entry cluster_named cluster_mpi cluster_pin cluster_private cluster_fanout cluster_site)
 # shellcheck disable=SC2034
 CORE_FILTERED=(
-    "cluster_site=export"
     "cluster_faults=killed_helper_or_task_leaves_nothing_behind"
     "cluster_faults=scancel_at_each_stage"
+    "doctor=slurm_release_of_the_plugin"
 )
 # shellcheck disable=SC2034
 CORE_LAST=cluster_leftovers
+# On the GPU site (BERTH_TEST_SITE=gpu; tests/release.sh with
+# BERTH_RELEASE_SITE=gpu): the step's GPUs and the cgroup's EPERM, private
+# /tmp and /dev/shm.
+# They skip themselves on the plain cluster.
+# shellcheck disable=SC2034
+CORE_GPU_TESTS=(cluster_gpu)
 # Tests that bind this machine's own programs into the bookworm test images
 # (srun in a batch container, the host's MPICH): they need the C library of
 # the machine running the cluster to be no newer than the images' (2.36),
@@ -36,7 +40,7 @@ CORE_PMIX_TESTS=(pmix_mpi_allreduce_across_nodes open_mpi_over_pmix_still_works_
 
 # core_test_names: every test binary the core suite runs, one a line.
 core_test_names() {
-    printf '%s\n' "${CORE_TESTS[@]}" "${CORE_FILTERED[@]%%=*}" "$CORE_LAST" | sort -u
+    printf '%s\n' "${CORE_TESTS[@]}" "${CORE_FILTERED[@]%%=*}" "${CORE_GPU_TESTS[@]}" "$CORE_LAST" | sort -u
 }
 
 # core_binaries TARGET_DIR: builds the core test binaries (against this

@@ -95,6 +95,15 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 fn main() -> ExitCode {
+    // A Slurm task entering its container by exec (Slurm 23.11 and later):
+    // before any argument parsing, so that the task starts as fast as it can.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args
+        .get(1)
+        .is_some_and(|a| a == berth::container::ENTER_ARG)
+    {
+        berth::container::enter_main(&args[2..]);
+    }
     let cli = Cli::parse();
     match dispatch(cli.command) {
         Ok(code) => code,
