@@ -15,30 +15,19 @@ use std::process::Command;
 /// Runs `f` with effective uid and gid 0, restoring the caller's effective ids after.
 ///
 /// A no-op switch when the process already runs as root or when the real uid is
-/// not root (the CLI of an ordinary user).
+/// not root (the CLI of an ordinary user). Built on [`RootGuard`]: when root
+/// cannot be taken, `f` runs with the caller's ids (and fails on its own);
+/// when the caller's ids cannot be restored the process ends.
 pub fn with_root<T>(f: impl FnOnce() -> T) -> T {
-    // SAFETY: get*id never fail.
-    let (ruid, euid, egid) = unsafe { (libc::getuid(), libc::geteuid(), libc::getegid()) };
-    if ruid != 0 || euid == 0 {
-        return f();
-    }
-    // SAFETY: plain set*id calls; glibc applies them to every thread. When
-    // one fails, `f` runs with fewer rights and fails on its own.
-    unsafe {
-        libc::seteuid(0);
-        libc::setegid(0);
-    }
+    let guard = match RootGuard::take() {
+        Ok(guard) => Some(guard),
+        Err(err) => {
+            eprintln!("berth: cannot take effective root, going on as the caller: {err}");
+            None
+        }
+    };
     let result = f();
-    // SAFETY: as above; restores the ids slurmstepd set for the user.
-    let restored = unsafe { libc::setegid(egid) == 0 && libc::seteuid(euid) == 0 };
-    if !restored {
-        // Going on as root on the user's behalf is never an option.
-        eprintln!(
-            "berth: cannot give up root again (seteuid {euid}): {}",
-            std::io::Error::last_os_error()
-        );
-        std::process::abort();
-    }
+    drop(guard);
     result
 }
 
@@ -94,26 +83,10 @@ fn switch_user(command: &mut Command, uid: u32, gid: u32, groups: Vec<u32>, no_n
     // fork there is one thread, so per-thread set*id is the whole process.
     unsafe {
         command.pre_exec(move || {
-            let fail = || Err(std::io::Error::last_os_error());
-            if libc::syscall(libc::SYS_getuid) == 0
-                && libc::syscall(libc::SYS_setresuid, 0, 0, 0) != 0
-            {
-                return fail();
-            }
-            if libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) != 0
-                || libc::syscall(libc::SYS_setresgid, gid, gid, gid) != 0
-                || libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0
-            {
-                return fail();
-            }
-            // Refuse to go on as anyone else (a failed switch must not exec).
-            if libc::syscall(libc::SYS_geteuid) != uid as libc::c_long
-                || libc::syscall(libc::SYS_getegid) != gid as libc::c_long
-            {
-                return Err(std::io::Error::from_raw_os_error(libc::EPERM));
-            }
-            if no_new_privs && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                return fail();
+            if no_new_privs {
+                become_user(uid, gid, &groups)?;
+            } else {
+                switch_ids(uid, gid, &groups)?;
             }
             libc::umask(0o022);
             Ok(())
@@ -172,12 +145,35 @@ impl Drop for RootGuard {
     }
 }
 
-/// Sets supplementary groups, then real/effective/saved gid, then real/
-/// effective/saved uid of the calling thread to the user's.
+/// Makes the calling thread the user for good: supplementary groups, then
+/// real/effective/saved gid, then real/effective/saved uid, each call checked
+/// and the result read back, then `no_new_privs` (no set-id program or file
+/// capability gives anything back). Starts from full root when the real uid
+/// is 0, so it works from slurmstepd's `user_init` (effective uid the
+/// user's) as from a root process.
 ///
+/// The one way berth becomes a user: helpers' children ([`run_as_user`]),
+/// the holder, ldconfig of library injection, commands joining a container.
 /// Raw syscalls only, no allocation: safe between fork and exec, also in the
 /// child of a multi-threaded process (where the child has one thread).
 pub fn become_user(uid: u32, gid: u32, groups: &[libc::gid_t]) -> std::io::Result<()> {
+    switch_ids(uid, gid, groups)?;
+    // SAFETY: prctl with integer arguments only; async-signal-safe.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// [`become_user`] without `no_new_privs`, for [`run_as_user_with_setuid_helpers`] only.
+fn switch_ids(uid: u32, gid: u32, groups: &[libc::gid_t]) -> std::io::Result<()> {
+    // SAFETY: getuid never fails; setresuid takes three ids by value (from
+    // real uid 0 it is allowed and gives back CAP_SETGID for setgroups).
+    if unsafe { libc::syscall(libc::SYS_getuid) } == 0
+        && unsafe { libc::syscall(libc::SYS_setresuid, 0, 0, 0) } != 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
     // SAFETY: `groups` is a valid slice of gid_t for the length we pass.
     let ret = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
     if ret != 0 {
@@ -191,7 +187,137 @@ pub fn become_user(uid: u32, gid: u32, groups: &[libc::gid_t]) -> std::io::Resul
     if unsafe { libc::syscall(libc::SYS_setresuid, uid, uid, uid) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
+    // Refuse to go on as anyone else (a switch that did not take must not
+    // run anything): read all six ids back.
+    let (mut r, mut e, mut s) = (0, 0, 0);
+    let (mut rg, mut eg, mut sg) = (0, 0, 0);
+    // SAFETY: getresuid/getresgid write one id to each of three valid pointers.
+    let read = unsafe {
+        libc::syscall(libc::SYS_getresuid, &mut r, &mut e, &mut s) == 0
+            && libc::syscall(libc::SYS_getresgid, &mut rg, &mut eg, &mut sg) == 0
+    };
+    if !read || [r, e, s] != [uid; 3] || [rg, eg, sg] != [gid; 3] {
+        return Err(std::io::Error::from_raw_os_error(libc::EPERM));
+    }
     Ok(())
+}
+
+/// Runs `f` with the effective uid, gid and groups of a user, then takes root
+/// back (a root process whose saved uid stays 0, such as the save helper).
+/// glibc applies the switch to every thread. Every call is checked: when the
+/// switch fails `f` does not run; when root cannot be taken back the error
+/// says so, whatever `f` returned.
+pub fn as_effective_user<T>(
+    uid: u32,
+    gid: u32,
+    groups: &[libc::gid_t],
+    f: impl FnOnce() -> std::io::Result<T>,
+) -> std::io::Result<T> {
+    // SAFETY: plain set*id calls; the group list pointer and length describe `groups`.
+    let switched = unsafe {
+        libc::setgroups(groups.len(), groups.as_ptr()) == 0
+            && libc::setegid(gid) == 0
+            && libc::seteuid(uid) == 0
+    };
+    let result = if switched {
+        f()
+    } else {
+        Err(std::io::Error::last_os_error())
+    };
+    // SAFETY: as above; uid first, as the saved uid 0 allows it and gives
+    // back CAP_SETGID for the other two.
+    let restored = unsafe {
+        libc::seteuid(0) == 0 && libc::setegid(0) == 0 && libc::setgroups(0, std::ptr::null()) == 0
+    };
+    if !restored {
+        let err = std::io::Error::last_os_error();
+        return Err(std::io::Error::new(
+            err.kind(),
+            format!("cannot take root back after acting as uid {uid}: {err}"),
+        ));
+    }
+    result
+}
+
+/// Runs `f` (a file-system call) with this thread's file-system uid, gid and
+/// groups set to a user's (raw system calls, which change the calling thread
+/// only; the kernel drops root's file capabilities with a non-zero fsuid),
+/// then puts the thread's back. Every switch is checked: when it does not
+/// take `f` does not run; when the thread's ids cannot be put back the
+/// process ends, as the thread would go on with the wrong identity.
+pub fn as_file_system_user<T>(
+    uid: u32,
+    gid: u32,
+    groups: &[libc::gid_t],
+    f: impl FnOnce() -> std::io::Result<T>,
+) -> std::io::Result<T> {
+    let saved_groups = thread_groups()?;
+    // SAFETY: setgroups reads `groups.len()` gids from a live slice.
+    if unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: setfsgid/setfsuid take an id and return the previous one.
+    let (old_gid, old_uid) = unsafe {
+        (
+            libc::syscall(libc::SYS_setfsgid, gid),
+            libc::syscall(libc::SYS_setfsuid, uid),
+        )
+    };
+    // setfs*id report no error: ask (-1 changes nothing) whether they took.
+    let took = fs_ids() == (i64::from(uid), i64::from(gid));
+    let result = if took {
+        f()
+    } else {
+        Err(std::io::Error::other(
+            "cannot take the user's file-system identity",
+        ))
+    };
+    // SAFETY: restores what was saved above, in the same thread.
+    let groups_back = unsafe {
+        libc::syscall(libc::SYS_setfsuid, old_uid);
+        libc::syscall(libc::SYS_setfsgid, old_gid);
+        libc::syscall(
+            libc::SYS_setgroups,
+            saved_groups.len(),
+            saved_groups.as_ptr(),
+        ) == 0
+    };
+    if !groups_back || fs_ids() != (old_uid, old_gid) {
+        eprintln!(
+            "berth: cannot take this thread's own identity back after acting as uid {uid}: {}",
+            std::io::Error::last_os_error()
+        );
+        std::process::abort();
+    }
+    result
+}
+
+/// This thread's file-system uid and gid.
+fn fs_ids() -> (i64, i64) {
+    // SAFETY: setfsuid/setfsgid with -1 change nothing and return the current id.
+    unsafe {
+        (
+            libc::syscall(libc::SYS_setfsuid, u32::MAX),
+            libc::syscall(libc::SYS_setfsgid, u32::MAX),
+        )
+    }
+}
+
+/// The calling thread's supplementary groups.
+pub fn thread_groups() -> std::io::Result<Vec<libc::gid_t>> {
+    // SAFETY: with size 0 getgroups only returns the count.
+    let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut groups = vec![0; n as usize];
+    // SAFETY: the vector has room for `n` gids.
+    let n = unsafe { libc::getgroups(n, groups.as_mut_ptr()) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    groups.truncate(n as usize);
+    Ok(groups)
 }
 
 /// Makes a process whose real uid is 0 fully root again (all uids and gids 0,
@@ -299,6 +425,120 @@ mod tests {
         assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
         assert!(libc::WIFEXITED(status), "{status}");
         assert_eq!(libc::WEXITSTATUS(status), 0);
+    }
+
+    /// Runs `check` in a forked child (it changes the process's ids) and
+    /// returns its exit code; 0 means every check held.
+    fn in_child(check: impl FnOnce() -> i32) -> i32 {
+        // SAFETY: the child makes raw system calls (and the allocation-free
+        // paths of the functions under test) and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let code = check();
+            // SAFETY: ends the forked child without running the parent's handlers.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "{status}");
+        libc::WEXITSTATUS(status)
+    }
+
+    /// Needs root: `become_user`, from full root and from slurmstepd's
+    /// state (real uid 0, effective uid the user's), leaves all six ids and
+    /// the groups the user's, and `no_new_privs` set.
+    #[test]
+    fn becoming_a_user_sets_every_id_and_no_new_privs() {
+        if crate::test_support::skip_unless_root("becoming_a_user_sets_every_id_and_no_new_privs") {
+            return;
+        }
+        for from_stepd in [false, true] {
+            let code = in_child(|| {
+                // SAFETY: plain set*id/get*id and prctl calls in the child.
+                unsafe {
+                    if from_stepd && (libc::setegid(65534) != 0 || libc::seteuid(65534) != 0) {
+                        return 2;
+                    }
+                    if become_user(65534, 65534, &[65534]).is_err() {
+                        return 3;
+                    }
+                    let (mut r, mut e, mut s) = (0, 0, 0);
+                    libc::getresuid(&mut r, &mut e, &mut s);
+                    let (mut rg, mut eg, mut sg) = (0, 0, 0);
+                    libc::getresgid(&mut rg, &mut eg, &mut sg);
+                    if [r, e, s, rg, eg, sg] != [65534; 6] {
+                        return 4;
+                    }
+                    let mut groups = [0; 4];
+                    if libc::getgroups(4, groups.as_mut_ptr()) != 1 || groups[0] != 65534 {
+                        return 5;
+                    }
+                    if libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) != 1 {
+                        return 6;
+                    }
+                }
+                0
+            });
+            assert_eq!(code, 0, "from slurmstepd's ids: {from_stepd}");
+        }
+    }
+
+    /// Needs root: a helper's child run as a user has `no_new_privs` (the
+    /// pull, credentials and sbcast helpers), the podman client has not.
+    #[test]
+    fn helpers_run_as_a_user_have_no_new_privs() {
+        if crate::test_support::skip_unless_root("helpers_run_as_a_user_have_no_new_privs") {
+            return;
+        }
+        for keep_setuid in [false, true] {
+            let mut command = Command::new("grep");
+            command.args(["^NoNewPrivs:", "/proc/self/status"]);
+            if keep_setuid {
+                run_as_user_with_setuid_helpers(&mut command, 65534, 65534, vec![65534]);
+            } else {
+                run_as_user(&mut command, 65534, 65534, vec![65534]);
+            }
+            let out = command.output().unwrap();
+            let want = if keep_setuid { "0" } else { "1" };
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(text.split_whitespace().nth(1), Some(want), "{text}");
+        }
+    }
+
+    /// Needs root: acting as a user for a while gives root back after, and
+    /// a switch that fails (no CAP_SETGID) runs nothing and still gives
+    /// root back.
+    #[test]
+    fn acting_as_a_user_gives_root_back() {
+        if crate::test_support::skip_unless_root("acting_as_a_user_gives_root_back") {
+            return;
+        }
+        let code = in_child(|| {
+            // SAFETY: get*id calls in the child.
+            let ids = || unsafe { (libc::geteuid(), libc::getegid()) };
+            let inside = as_effective_user(65534, 65534, &[65534], || Ok(ids()));
+            if !matches!(inside, Ok((65534, 65534))) || ids() != (0, 0) {
+                return 2;
+            }
+            if !thread_groups().is_ok_and(|g| g.is_empty()) {
+                return 3;
+            }
+            if drop_setgid_capability().is_err() {
+                return 4;
+            }
+            let mut ran = false;
+            let failed = as_effective_user(65534, 65534, &[65534], || {
+                ran = true;
+                Ok(())
+            });
+            if failed.is_ok() || ran || ids().0 != 0 {
+                return 5;
+            }
+            0
+        });
+        assert_eq!(code, 0);
     }
 
     /// Needs root (else only the unprivileged half runs): a child whose

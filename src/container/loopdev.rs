@@ -304,57 +304,7 @@ pub(crate) fn as_reader<T>(
         // CLI), where the kernel already checks as the user.
         return f();
     }
-    let saved_groups = thread_groups()?;
-    let groups = reader.all_gids();
-    // SAFETY: setgroups reads `groups.len()` gids from a live vector.
-    if unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: setfsgid/setfsuid take an id and return the previous one.
-    let (old_gid, old_uid) = unsafe {
-        (
-            libc::syscall(libc::SYS_setfsgid, reader.gid),
-            libc::syscall(libc::SYS_setfsuid, reader.uid),
-        )
-    };
-    // setfsuid reports no error: ask (-1 changes nothing) whether it took.
-    // SAFETY: as above.
-    let switched = unsafe { libc::syscall(libc::SYS_setfsuid, u32::MAX) } == reader.uid as i64;
-    let result = if switched {
-        f()
-    } else {
-        Err(io::Error::other(
-            "cannot take the user's file-system identity",
-        ))
-    };
-    // SAFETY: restores what was saved above, in the same thread.
-    unsafe {
-        libc::syscall(libc::SYS_setfsuid, old_uid);
-        libc::syscall(libc::SYS_setfsgid, old_gid);
-        libc::syscall(
-            libc::SYS_setgroups,
-            saved_groups.len(),
-            saved_groups.as_ptr(),
-        );
-    }
-    result
-}
-
-/// The calling thread's supplementary groups.
-fn thread_groups() -> io::Result<Vec<libc::gid_t>> {
-    // SAFETY: with size 0 getgroups only returns the count.
-    let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut groups = vec![0; n as usize];
-    // SAFETY: the vector has room for `n` gids.
-    let n = unsafe { libc::getgroups(n, groups.as_mut_ptr()) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    groups.truncate(n as usize);
-    Ok(groups)
+    crate::privilege::as_file_system_user(reader.uid, reader.gid, &reader.all_gids(), f)
 }
 
 #[cfg(test)]
@@ -409,7 +359,7 @@ mod tests {
         let f = private.join("img");
         std::fs::write(&f, b"x").unwrap();
         let nobody = user(54321, 54321);
-        let groups_before = thread_groups().unwrap();
+        let groups_before = crate::privilege::thread_groups().unwrap();
         mode(dir.path(), 0o755);
         mode(&private, 0o700);
         mode(&f, 0o644);
@@ -428,7 +378,7 @@ mod tests {
         // Root's rights are back in this thread.
         mode(&f, 0o000);
         assert!(File::open(&f).is_ok());
-        assert_eq!(thread_groups().unwrap(), groups_before);
+        assert_eq!(crate::privilege::thread_groups().unwrap(), groups_before);
     }
 
     #[test]

@@ -351,26 +351,7 @@ fn pack(root: &Path, file: &File) -> Result<()> {
 /// then takes root back. The helper is single-threaded, so the switch
 /// covers everything `f` does.
 fn as_user<T>(request: &SaveRequest, f: impl FnOnce() -> std::io::Result<T>) -> std::io::Result<T> {
-    let groups: Vec<libc::gid_t> = request.groups.clone();
-    // SAFETY: plain set*id calls in a single-threaded process; the group
-    // list pointer and length describe `groups`.
-    let switched = unsafe {
-        libc::setgroups(groups.len(), groups.as_ptr()) == 0
-            && libc::setegid(request.gid) == 0
-            && libc::seteuid(request.uid) == 0
-    };
-    let result = if switched {
-        f()
-    } else {
-        Err(std::io::Error::last_os_error())
-    };
-    // SAFETY: as above; the saved uid is still 0, so root comes back.
-    unsafe {
-        libc::seteuid(0);
-        libc::setegid(0);
-        libc::setgroups(0, std::ptr::null());
-    }
-    result
+    crate::privilege::as_effective_user(request.uid, request.gid, &request.groups, f)
 }
 
 #[cfg(test)]

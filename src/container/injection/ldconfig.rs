@@ -75,13 +75,7 @@ pub fn rebuild_cache(
         // SAFETY: the closure makes raw system calls only (no allocation,
         // no locks), which is safe between fork and exec.
         unsafe {
-            command.pre_exec(move || {
-                crate::privilege::become_user(uid, gid, &groups)?;
-                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
+            command.pre_exec(move || crate::privilege::become_user(uid, gid, &groups));
         }
     }
     let output = command
