@@ -39,7 +39,8 @@ static TASK_PROLOG: Mutex<Option<PathBuf>> = Mutex::new(None);
 static STEPD_PID: AtomicU32 = AtomicU32::new(0);
 
 /// What `user_init` says when Slurm runs it in a clone of slurmstepd.
-const CONTAIN_SPANK_REFUSED: &str = "berth cannot run containers with SlurmdParameters=contain_spank: Slurm then runs \
+const CONTAIN_SPANK_REFUSED: &str =
+    "berth cannot run containers with SlurmdParameters=contain_spank: Slurm then runs \
     user_init in a short-lived clone of slurmstepd with a file table of its own, so the \
     container's namespace handles made there never reach the tasks. Remove contain_spank \
     from SlurmdParameters in slurm.conf and restart slurmd: berth enters the job's \
