@@ -572,11 +572,11 @@ fn pull_user(name: &str, store: &Path) -> Finding {
     let check = "pull user";
     let user = match crate::puller::PullUser::lookup(name) {
         Ok(user) => user,
-        Err(message) => {
+        Err(e) => {
             return Finding::new(
                 Level::Fail,
                 check,
-                message,
+                format!("{e:#}"),
                 crate::puller::identity::create_command(name),
             )
         }

@@ -9,6 +9,7 @@
 //! reads none of the engine's bytes, only the client's exit status and its
 //! first lines of stderr for the message.
 
+use anyhow::anyhow;
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::process::{Command, Stdio};
@@ -44,14 +45,13 @@ pub fn import_daemon(
     source: &DaemonImage,
     requester: &Requester,
     show: &dyn Fn(&str),
-) -> Result<StoredImage, String> {
+) -> anyhow::Result<StoredImage> {
     let pull_user = PullUser::lookup(request.pull_user)?;
-    crate::privilege::with_root(|| layout::prepare_store(request.store, &pull_user))
-        .map_err(|e| format!("{e:#}"))?;
+    crate::privilege::with_root(|| layout::prepare_store(request.store, &pull_user))?;
     let user = requester.user;
     let program = source.engine.program();
     let (read_end, write_end) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-        .map_err(|e| format!("cannot make a pipe for {source}: {e}"))?;
+        .map_err(|e| anyhow!("cannot make a pipe for {source}: {e:#}"))?;
     let mut command = Command::new(program);
     command
         .args(source.engine.save_args(&source.image))
@@ -86,9 +86,9 @@ pub fn import_daemon(
         ),
     }
     let mut client = crate::privilege::with_root(|| command.spawn()).map_err(|e| {
-        format!(
+        anyhow!(
             "cannot run `{program} save` as {} for {source} (is {program} installed on this \
-             node?): {e}",
+             node?): {e:#}",
             user.name
         )
     })?;
@@ -111,17 +111,17 @@ pub fn import_daemon(
     let said = said.join().unwrap_or_default();
     match status {
         Ok(status) if status.success() => imported,
-        Ok(status) if imported.is_err() && said.trim().is_empty() => Err(format!(
+        Ok(status) if imported.is_err() && said.trim().is_empty() => Err(anyhow!(
             "{} (`{program} save` ended: {status})",
             imported.unwrap_err()
         )),
-        Ok(status) => Err(format!(
+        Ok(status) => Err(anyhow!(
             "`{program} save` of {source} as {} failed ({status}): {}; check that the image \
              exists (`{program} images`) and that {} may use {program} on this node",
             user.name,
             said.trim().replace('\n', "; "),
             user.name
         )),
-        Err(e) => Err(format!("cannot wait for `{program} save` of {source}: {e}")),
+        Err(e) => Err(anyhow!("cannot wait for `{program} save` of {source}: {e:#}")),
     }
 }

@@ -1,5 +1,6 @@
 //! The unprivileged system user the image pull runs as (`pull_user`).
 
+use anyhow::anyhow;
 use nix::unistd::User;
 
 /// The command that creates the pull user, for error messages and docs.
@@ -25,11 +26,11 @@ impl PullUser {
     /// Looks `name` up in this node's user database. A missing user, or one
     /// with uid or gid 0, is an error naming the `pull_user` key and the
     /// command that creates the user.
-    pub fn lookup(name: &str) -> Result<PullUser, String> {
+    pub fn lookup(name: &str) -> anyhow::Result<PullUser> {
         let user = User::from_name(name)
-            .map_err(|e| format!("cannot look up the pull user `{name}` (pull_user): {e}"))?;
+            .map_err(|e| anyhow!("cannot look up the pull user `{name}` (pull_user): {e:#}"))?;
         let Some(user) = user else {
-            return Err(format!(
+            return Err(anyhow!(
                 "the pull user `{name}` (plugstack pull_user, default berth) does not exist on \
                  this node; berth pulls images as that unprivileged system user, never as root: \
                  ask the administrator to create it (`{}`) or to set pull_user to an existing \
@@ -38,7 +39,7 @@ impl PullUser {
             ));
         };
         if user.uid.is_root() || user.gid.as_raw() == 0 {
-            return Err(format!(
+            return Err(anyhow!(
                 "the pull user `{name}` (pull_user) has uid {} and gid {}: it must be an \
                  unprivileged system user, not root or root's group; create one with `{}`",
                 user.uid,
@@ -75,13 +76,15 @@ mod tests {
 
     #[test]
     fn missing_and_root_users_are_refused_with_the_fix() {
-        let e = PullUser::lookup("no-such-berth-user").unwrap_err();
+        let e = PullUser::lookup("no-such-berth-user")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("pull_user") && e.contains("useradd --system") && e.contains("does not"),
-            "{e}"
+            "{e:#}"
         );
-        let e = PullUser::lookup("root").unwrap_err();
-        assert!(e.contains("unprivileged"), "{e}");
+        let e = PullUser::lookup("root").unwrap_err().to_string();
+        assert!(e.contains("unprivileged"), "{e:#}");
         let nobody = PullUser::lookup("nobody").unwrap();
         assert_ne!(nobody.uid, 0);
     }

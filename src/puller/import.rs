@@ -5,6 +5,7 @@
 //! [`crate::helper::import`] for the request and `crate::store` for the
 //! conversion.
 
+use anyhow::anyhow;
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
@@ -44,10 +45,9 @@ pub fn import_file(
     request: &ImportRequest,
     file: &File,
     show: &dyn Fn(&str),
-) -> Result<StoredImage, String> {
+) -> anyhow::Result<StoredImage> {
     let pull_user = PullUser::lookup(request.pull_user)?;
-    crate::privilege::with_root(|| layout::prepare_store(request.store, &pull_user))
-        .map_err(|e| format!("{e:#}"))?;
+    crate::privilege::with_root(|| layout::prepare_store(request.store, &pull_user))?;
     // A file imported before, unchanged since: its copy, without reading it.
     let stamp = match request.shared {
         None => import_cache::FileStamp::of(file),
@@ -75,7 +75,7 @@ pub(super) fn run_helper(
     pull_user: &PullUser,
     fd: RawFd,
     show: &dyn Fn(&str),
-) -> Result<StoredImage, String> {
+) -> anyhow::Result<StoredImage> {
     let name = request.name.display().to_string();
     let job = ImportJob {
         store: request.store.to_path_buf(),
@@ -111,9 +111,9 @@ pub(super) fn run_helper(
         ..runner::Options::default()
     };
     let output = runner::run(&mut command, run_as, options).map_err(|e| match e.kind() {
-        std::io::ErrorKind::Interrupted => format!("stopped the import of {name}: {e}"),
-        _ => format!(
-            "cannot run the berth helper {} as the pull user {} to import {name}: {e}",
+        std::io::ErrorKind::Interrupted => anyhow!("stopped the import of {name}: {e:#}"),
+        _ => anyhow!(
+            "cannot run the berth helper {} as the pull user {} to import {name}: {e:#}",
             request.helper.display(),
             pull_user.name
         ),
@@ -127,9 +127,9 @@ pub(super) fn run_helper(
     }
     let stored = match PullReply::parse(&output.stdout) {
         Ok(PullReply::Ok(stored)) => *stored,
-        Ok(PullReply::Error(error)) => return Err(error.message),
+        Ok(PullReply::Error(error)) => return Err(anyhow::Error::msg(error.message)),
         _ => {
-            return Err(format!(
+            return Err(anyhow!(
                 "the import of {name} on this node failed ({}) before it finished; nothing \
                  was stored (its last message: {})",
                 output.status,
@@ -142,7 +142,7 @@ pub(super) fn run_helper(
     let in_images = stored.squashfs.parent().and_then(Path::parent) == Some(images.as_path())
         && stored.squashfs.file_name() == Some("image.sqfs".as_ref());
     if !in_images || stored.manifest_digest.is_none() {
-        return Err(format!(
+        return Err(anyhow!(
             "the import helper answered {} for {name}, not an image of the store {}",
             stored.squashfs.display(),
             request.store.display()

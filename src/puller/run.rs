@@ -1,5 +1,6 @@
 //! Running the credentials helper as the user and the puller as the pull user.
 
+use anyhow::anyhow;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -92,7 +93,7 @@ pub struct Pulled {
 /// Pulls `request.image` into the node store as the pull user, with the
 /// credentials `from` gives. Must run with root available (real uid 0).
 /// Errors are one message for the user (the puller's names the image).
-pub fn pull(request: &PullRequest, from: CredentialsFrom) -> Result<Pulled, String> {
+pub fn pull(request: &PullRequest, from: CredentialsFrom) -> anyhow::Result<Pulled> {
     let pull_user = PullUser::lookup(request.pull_user)?;
     let shared = request.settings.shared.is_some();
     let adopted = crate::privilege::with_root(|| {
@@ -102,8 +103,7 @@ pub fn pull(request: &PullRequest, from: CredentialsFrom) -> Result<Pulled, Stri
             crate::store::mark_shared_store(request.store)?;
         }
         Ok::<_, anyhow::Error>(adopted)
-    })
-    .map_err(|e| format!("{e:#}"))?;
+    })?;
     for dir in adopted {
         eprintln!(
             "berth: gave {} (made by an older berth as root) to the pull user {}",
@@ -129,7 +129,7 @@ fn user_credentials(
     requester: &Requester,
     hosts: &[String],
     login: Option<&str>,
-) -> Result<Vec<u8>, String> {
+) -> anyhow::Result<Vec<u8>> {
     let user = requester.user;
     let mut command = Command::new(helper);
     command.arg(CREDENTIALS_ARG);
@@ -160,13 +160,13 @@ fn user_credentials(
         ..runner::Options::default()
     };
     let finished = runner::run(&mut command, run_as, options).map_err(|e| match e.kind() {
-        std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted => format!(
-            "reading the registry credentials of {} failed: {e} (a docker credential helper \
+        std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted => anyhow!(
+            "reading the registry credentials of {} failed: {e:#} (a docker credential helper \
              that does not answer?)",
             user.name
         ),
-        _ => format!(
-            "cannot run the berth helper {} as {} to read their registry credentials: {e}",
+        _ => anyhow!(
+            "cannot run the berth helper {} as {} to read their registry credentials: {e:#}",
             helper.display(),
             user.name
         ),
@@ -177,7 +177,7 @@ fn user_credentials(
         eprintln!("{line}");
     }
     if !status.success() {
-        return Err(format!(
+        return Err(anyhow!(
             "reading the registry credentials of {} failed ({status}): {}",
             user.name,
             stderr.trim()
@@ -192,7 +192,7 @@ fn run_puller(
     request: &PullRequest,
     user: &PullUser,
     credentials: &[u8],
-) -> Result<Pulled, String> {
+) -> anyhow::Result<Pulled> {
     let image = request.image.to_string();
     let job = PullJob {
         image: image.clone(),
@@ -223,20 +223,26 @@ fn run_puller(
         ..runner::Options::default()
     };
     let output = runner::run(&mut command, run_as, options).map_err(|e| match e.kind() {
-        std::io::ErrorKind::Interrupted => format!("stopped the pull of '{image}': {e}"),
-        std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => format!(
-            "cannot run the berth helper {} as the pull user {}: {e} (check helper_path in \
+        std::io::ErrorKind::Interrupted => anyhow!("stopped the pull of '{image}': {e:#}"),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => anyhow!(
+            "cannot run the berth helper {} as the pull user {}: {e:#} (check helper_path in \
              plugstack.conf, and that {1} may execute it)",
             request.helper.display(),
             user.name
         ),
-        _ => format!("the berth helper (pull) failed: {e}"),
+        _ => anyhow!("the berth helper (pull) failed: {e:#}"),
     })?;
     let answer = match PullReply::parse(&output.stdout) {
         Ok(PullReply::Ok(stored)) => Answer::Stored(stored),
         Ok(PullReply::NotInStore(digest)) => Answer::NotInStore(digest),
-        Ok(PullReply::Error(error)) => return Err(error.message),
-        Err(_) => return Err(pull_failure(&image, output.status, &output.stderr)),
+        Ok(PullReply::Error(error)) => return Err(anyhow::Error::msg(error.message)),
+        Err(_) => {
+            return Err(anyhow::Error::msg(pull_failure(
+                &image,
+                output.status,
+                &output.stderr,
+            )))
+        }
     };
     Ok(Pulled {
         answer,

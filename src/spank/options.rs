@@ -464,11 +464,13 @@ fn check_value(setting: Setting, value: &str) -> Result<(), String> {
         Setting::Workdir => Err(format!(
             "'{value}' is not an absolute path (write the full path inside the container)"
         )),
-        Setting::Env => env_names(value).map(|_| ()),
+        Setting::Env => env_names(value).map(|_| ()).map_err(|e| format!("{e:#}")),
         Setting::Unshare => Namespace::parse_list(value).map(|_| ()),
         Setting::Name => ContainerName::parse(value).map(|_| ()),
         Setting::Save => check_save_path(value),
-        Setting::Remove => crate::step::manage::parse_names(value).map(|_| ()),
+        Setting::Remove => crate::step::manage::parse_names(value)
+            .map(|_| ())
+            .map_err(|e| format!("{e:#}")),
         Setting::Mpi if value.is_empty() || value.contains('/') || value.starts_with('.') => {
             Err(format!(
                 "'{value}' is not a profile name (the site's profiles are files in its inject_dir)"

@@ -207,6 +207,7 @@ pub extern "C" fn slurm_spank_job_epilog(
             None => Spank::from_raw(sp).job_id().map_err(|e| e.to_string())?,
         };
         crate::step::named::job_epilog(job, &config, &remote::SpankReport)
+            .map_err(|e| format!("{e:#}"))
     })
 }
 

@@ -105,7 +105,8 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
         if step == crate::step::EXTERN_STEP || step == crate::step::BATCH_STEP {
             return Ok(());
         }
-        return crate::step::manage::run(&snapshot(spank)?, &options, config, &SpankReport);
+        return crate::step::manage::run(&snapshot(spank)?, &options, config, &SpankReport)
+            .map_err(|e| format!("{e:#}"));
     }
     if !crate::step::wants_container(step, &options, config) {
         return Ok(());
@@ -114,7 +115,9 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
         return Err(CONTAIN_SPANK_REFUSED.to_string());
     }
     super::local::check_slurm_namespaces(&options)?;
-    let Some(started) = crate::step::start(snapshot(spank)?, options, config, &SpankReport)? else {
+    let Some(started) = crate::step::start(snapshot(spank)?, options, config, &SpankReport)
+        .map_err(|e| format!("{e:#}"))?
+    else {
         return Ok(());
     };
     *CONTAINER.lock().unwrap_or_else(|p| p.into_inner()) = Some(started.container);
@@ -293,7 +296,7 @@ pub fn task_exit(spank: &Spank) -> Result<(), String> {
     let Some(step) = CONTAINER.lock().unwrap_or_else(|p| p.into_inner()).take() else {
         return Ok(());
     };
-    step.release(&SpankReport)
+    step.release(&SpankReport).map_err(|e| format!("{e:#}"))
 }
 
 /// Lets go of the container's namespaces (if the tasks did not already).

@@ -2,6 +2,7 @@
 //! done: the namespaces go, then the named container's record, then the
 //! `--container-save`, then the image hold.
 
+use anyhow::anyhow;
 use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -53,7 +54,7 @@ impl StepContainer {
     /// Lets go of the container after the step's last local task, in
     /// order: the namespaces (the saved tree must not change any more), the
     /// named record, the save, its scratch folder, the image hold.
-    pub fn release(self, report: &dyn Report) -> Result<(), String> {
+    pub fn release(self, report: &dyn Report) -> anyhow::Result<()> {
         let StepContainer {
             container,
             image_hold,
@@ -76,10 +77,10 @@ impl StepContainer {
 }
 
 /// Runs the save helper (full root; it writes the file as the user).
-fn save_root(save: &PendingSave, report: &dyn Report) -> Result<(), String> {
+fn save_root(save: &PendingSave, report: &dyn Report) -> anyhow::Result<()> {
     let started = Instant::now();
     let request = &save.request;
-    let json = serde_json::to_string(request).map_err(|e| e.to_string())?;
+    let json = serde_json::to_string(request)?;
     let mut command = Command::new(&save.helper);
     command
         .arg(SAVE_ARG)
@@ -89,14 +90,14 @@ fn save_root(save: &PendingSave, report: &dyn Report) -> Result<(), String> {
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
     crate::privilege::run_as_full_root(&mut command);
     let output = with_root(|| command.output()).map_err(|e| {
-        format!(
-            "--container-save: cannot run the berth helper {}: {e}",
+        anyhow!(
+            "--container-save: cannot run the berth helper {}: {e:#}",
             save.helper.display()
         )
     })?;
     let node = &save.node;
     if !output.status.success() {
-        return Err(format!(
+        return Err(anyhow!(
             "--container-save: could not save the container to {} on {node}: {}",
             request.output.display(),
             String::from_utf8_lossy(&output.stderr).trim()

@@ -76,7 +76,7 @@ pub struct FanoutStep {
 impl FanoutStep {
     /// This node's part in the step's fan-out; `None` when the step does not
     /// fan out (`fanout=none`, fewer nodes than `fanout_min_nodes`).
-    pub fn of(snapshot: &Snapshot, config: &Config) -> Result<Option<FanoutStep>, String> {
+    pub fn of(snapshot: &Snapshot, config: &Config) -> anyhow::Result<Option<FanoutStep>> {
         // A shared store already gives one pull for the whole cluster.
         if config.fanout.mode == FanoutMode::None || config.store_shared {
             return Ok(None);
@@ -86,10 +86,13 @@ impl FanoutStep {
             return Ok(None);
         }
         Ok(Some(FanoutStep {
-            node_id: snapshot.node_id.ok_or(
-                "fan-out: Slurm did not say which node of the step this is (SLURM_NODEID); \
+            node_id: snapshot
+                .node_id
+                .ok_or(
+                    "fan-out: Slurm did not say which node of the step this is (SLURM_NODEID); \
                  set fanout=none in plugstack.conf to pull on every node",
-            )?,
+                )
+                .map_err(anyhow::Error::msg)?,
             node_count: nodes,
             slurm_conf: std::env::var_os("SLURM_CONF").map(PathBuf::from),
         }))

@@ -10,6 +10,7 @@
 //! `fanout_intent_wait` (no intent: the first node had the image) and
 //! `fanout_wait`.
 
+use anyhow::anyhow;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
@@ -26,7 +27,7 @@ use crate::store::{ImageHold, StoredImage};
 pub fn pull_and_hold(
     ctx: &StepContext,
     image: &str,
-) -> Result<(StoredImage, Option<ImageHold>), String> {
+) -> anyhow::Result<(StoredImage, Option<ImageHold>)> {
     let step = match &ctx.fanout {
         Some(step) if matches!(ImageSource::parse(image), Ok(ImageSource::Registry(_))) => step,
         _ => return image::pull_and_hold(ctx, image),
@@ -48,7 +49,7 @@ fn send_side(
     step: &FanoutStep,
     image: &str,
     digest: String,
-) -> Result<(StoredImage, Option<ImageHold>), String> {
+) -> anyhow::Result<(StoredImage, Option<ImageHold>)> {
     if let Err(e) = send(
         ctx,
         step,
@@ -58,7 +59,7 @@ fn send_side(
         },
     ) {
         ctx.report
-            .info(&format!("fan-out: cannot announce the pull: {e}"));
+            .info(&format!("fan-out: cannot announce the pull: {e:#}"));
     }
     match image::pull_and_hold(ctx, image) {
         Ok((stored, hold)) => {
@@ -69,7 +70,7 @@ fn send_side(
                 Ok(report) => ctx.report.info(&format!("{}: fan-out: {report}", ctx.node)),
                 Err(e) => ctx.report.user(&format!(
                     "{}: fan-out: could not send {image} to the step's nodes (they pull it \
-                     themselves): {e}",
+                     themselves): {e:#}",
                     ctx.node
                 )),
             }
@@ -81,7 +82,7 @@ fn send_side(
             };
             if let Err(e) = send(ctx, step, image, what) {
                 ctx.report
-                    .info(&format!("fan-out: cannot tell the others: {e}"));
+                    .info(&format!("fan-out: cannot tell the others: {e:#}"));
             }
             Err(error)
         }
@@ -94,7 +95,7 @@ fn receive_side(
     step: &FanoutStep,
     image: &str,
     digest: String,
-) -> Result<(StoredImage, Option<ImageHold>), String> {
+) -> anyhow::Result<(StoredImage, Option<ImageHold>)> {
     let started = Instant::now();
     let request = ReceiveRequest {
         store: ctx.store.clone(),
@@ -111,7 +112,7 @@ fn receive_side(
     match run_helper("receive", &request, ctx.config) {
         Ok(stdout) => {
             let stored: StoredImage = serde_json::from_str(&stdout)
-                .map_err(|e| format!("the fan-out helper gave an unreadable answer: {e}"))?;
+                .map_err(|e| anyhow!("the fan-out helper gave an unreadable answer: {e:#}"))?;
             ctx.report.user(&format!(
                 "{}: {image}: received from the step's first node in {:.1} s",
                 ctx.node,
@@ -142,7 +143,7 @@ fn send(
     step: &FanoutStep,
     image: &str,
     what: SendWhat,
-) -> Result<String, String> {
+) -> anyhow::Result<String> {
     let request = SendRequest {
         store: ctx.store.clone(),
         fanout_dir: ctx.config.fanout_dir(&ctx.node),
@@ -165,7 +166,7 @@ fn run_helper(
     verb: &str,
     request: &impl serde::Serialize,
     config: &Config,
-) -> Result<String, String> {
+) -> anyhow::Result<String> {
     with_root(|| run_helper_as_root(verb, request, config))
 }
 
@@ -173,8 +174,8 @@ fn run_helper_as_root(
     verb: &str,
     request: &impl serde::Serialize,
     config: &Config,
-) -> Result<String, String> {
-    let json = serde_json::to_string(request).map_err(|e| e.to_string())?;
+) -> anyhow::Result<String> {
+    let json = serde_json::to_string(request)?;
     let mut command = Command::new(&config.helper_path);
     command
         .arg(FANOUT_ARG)
@@ -186,16 +187,16 @@ fn run_helper_as_root(
     crate::privilege::run_as_full_root(&mut command);
     let output = crate::interrupt::output(&mut command).map_err(|e| {
         if e.kind() == std::io::ErrorKind::Interrupted {
-            return format!("fan-out stopped: {e}");
+            return anyhow!("fan-out stopped: {e:#}");
         }
-        format!(
-            "cannot run the berth helper {}: {e}",
+        anyhow!(
+            "cannot run the berth helper {}: {e:#}",
             config.helper_path.display()
         )
     })?;
     let stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
     if !output.status.success() {
-        return Err(stderr);
+        return Err(anyhow::Error::msg(stderr));
     }
     Ok(match verb {
         "receive" => String::from_utf8_lossy(&output.stdout).into_owned(),

@@ -2,6 +2,7 @@
 //! job user's credentials), or a user's squashfs file re-packed into it,
 //! then held for the step's time (`berth rmi` and `berth gc` wait).
 
+use anyhow::anyhow;
 use std::path::{Path, PathBuf};
 
 use super::context::StepContext;
@@ -16,7 +17,7 @@ use crate::store::{ImageHold, Store, StoredImage};
 pub fn pull_and_hold(
     ctx: &StepContext,
     image: &str,
-) -> Result<(StoredImage, Option<ImageHold>), String> {
+) -> anyhow::Result<(StoredImage, Option<ImageHold>)> {
     let stored = pull(ctx, image)?;
     hold(ctx, image, stored)
 }
@@ -27,17 +28,17 @@ pub fn hold(
     ctx: &StepContext,
     image: &str,
     mut stored: StoredImage,
-) -> Result<(StoredImage, Option<ImageHold>), String> {
+) -> anyhow::Result<(StoredImage, Option<ImageHold>)> {
     let store = ctx.store.as_path();
     if stored.manifest_digest.is_none() {
         return Ok((stored, None)); // a squashfs file given by path, not in the store
     }
-    let open = || with_root(|| Store::open_unswept(store)).map_err(|e| format!("{e:#}"));
-    let hold = match with_root(|| open()?.hold(&stored).map_err(|e| format!("{e:#}"))) {
+    let open = || with_root(|| Store::open_unswept(store));
+    let hold = match with_root(|| open()?.hold(&stored)) {
         Ok(hold) => hold,
         Err(_) => {
             stored = pull(ctx, image)?;
-            with_root(|| open()?.hold(&stored).map_err(|e| format!("{e:#}")))?
+            with_root(|| open()?.hold(&stored))?
         }
     };
     Ok((stored, Some(hold)))
@@ -47,10 +48,10 @@ pub fn hold(
 /// the user's own permissions; a registry image is pulled into the node
 /// store as the pull user with the user's credentials ([`crate::puller`]).
 /// Called with the user's effective ids (`user_init`).
-pub fn pull(ctx: &StepContext, image: &str) -> Result<StoredImage, String> {
+pub fn pull(ctx: &StepContext, image: &str) -> anyhow::Result<StoredImage> {
     match run_pull(ctx, image, false)? {
         Answer::Stored(stored) => Ok(*stored),
-        Answer::NotInStore(digest) => Err(format!(
+        Answer::NotInStore(digest) => Err(anyhow!(
             "the berth helper did not pull '{image}' ({digest}) into the store"
         )),
     }
@@ -64,7 +65,7 @@ pub fn pull(ctx: &StepContext, image: &str) -> Result<StoredImage, String> {
 /// written, and by the path the opened file resolved to. Then re-packed
 /// into the store by the pull user ([`crate::puller::import_file`]): the
 /// step mounts the store's copy, never the user's file.
-fn user_squashfs(ctx: &StepContext, path: &Path) -> Result<StoredImage, String> {
+fn user_squashfs(ctx: &StepContext, path: &Path) -> anyhow::Result<StoredImage> {
     let (config, store, user) = (ctx.config, ctx.store.as_path(), &ctx.user);
     let canonical_store = with_root(|| std::fs::canonicalize(store)).ok();
     let in_store = |p: &Path| {
@@ -81,13 +82,13 @@ fn user_squashfs(ctx: &StepContext, path: &Path) -> Result<StoredImage, String> 
         )
     };
     if in_store(path) {
-        return Err(refused());
+        return Err(anyhow::Error::msg(refused()));
     }
     let mut file = crate::container::loopdev::open_as(path, user)
-        .map_err(|e| format!("cannot open squashfs image {}: {e}", path.display()))?;
-    let checked = Store::squashfs_file_from(path, &mut file).map_err(|e| format!("{e:#}"))?;
+        .map_err(|e| anyhow!("cannot open squashfs image {}: {e:#}", path.display()))?;
+    let checked = Store::squashfs_file_from(path, &mut file)?;
     if in_store(&checked.squashfs) {
-        return Err(refused());
+        return Err(anyhow::Error::msg(refused()));
     }
     // The kernel never parses the user's bytes: the pull user re-packs them
     // into the store (once per content), and the step mounts that copy.
@@ -109,7 +110,7 @@ fn user_squashfs(ctx: &StepContext, path: &Path) -> Result<StoredImage, String> 
 fn daemon_image(
     ctx: &StepContext,
     source: &crate::reference::DaemonImage,
-) -> Result<StoredImage, String> {
+) -> anyhow::Result<StoredImage> {
     let config = ctx.config;
     let name = PathBuf::from(source.to_string());
     let request = crate::puller::ImportRequest {
@@ -143,9 +144,9 @@ fn lexically_normal(path: &Path) -> PathBuf {
 
 /// [`pull`]; with `cached_only`, only looks in the store (after asking the
 /// registry for the manifest, as every pull does).
-pub fn run_pull(ctx: &StepContext, image: &str, cached_only: bool) -> Result<Answer, String> {
+pub fn run_pull(ctx: &StepContext, image: &str, cached_only: bool) -> anyhow::Result<Answer> {
     let (config, store) = (ctx.config, ctx.store.as_path());
-    let reference = match ImageSource::parse(image).map_err(|e| format!("{e:#}"))? {
+    let reference = match ImageSource::parse(image)? {
         ImageSource::SquashfsFile(path) => {
             return user_squashfs(ctx, &path).map(|stored| Answer::Stored(Box::new(stored)))
         }

@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::named::{check_name, NamedKey, NamedRoot, NamedRoots, Registry, Scope};
 use crate::privilege::with_root;
 use crate::units::format_size;
+use anyhow::anyhow;
 
 /// Whether the step asks to list or remove named containers (and then runs
 /// its command on the host, without a container).
@@ -26,17 +27,16 @@ pub fn wanted(options: &JobOptions) -> bool {
 }
 
 /// The names of `--container-remove=NAME[,NAME...]`, each checked.
-pub fn parse_names(value: &str) -> Result<Vec<String>, String> {
+pub fn parse_names(value: &str) -> anyhow::Result<Vec<String>> {
     let names: Vec<String> = value.split(',').map(|n| n.trim().to_string()).collect();
     if names.iter().any(String::is_empty) {
-        return Err(
+        anyhow::bail!(
             "an empty container name (a ',' too many?); give NAME[,NAME...] as in \
              --container-name"
-                .into(),
         );
     }
     for name in &names {
-        check_name(name)?;
+        check_name(name).map_err(anyhow::Error::msg)?;
     }
     Ok(names)
 }
@@ -49,13 +49,13 @@ pub fn run(
     options: &JobOptions,
     config: &Config,
     report: &dyn Report,
-) -> Result<(), String> {
+) -> anyhow::Result<()> {
     let node = snapshot.node.as_str();
     let roots = NamedRoots::new(&config.node_state_path(node));
     let registry = Registry::new(&config.runtime_dir, node);
     let mut failures = Vec::new();
     if let Some(value) = &options.remove {
-        for name in parse_names(value).map_err(|e| format!("--container-remove={value}: {e}"))? {
+        for name in parse_names(value).map_err(|e| anyhow!("--container-remove={value}: {e:#}"))? {
             let key = NamedKey {
                 uid: snapshot.uid,
                 scope: scope_of(&name, snapshot.job, config.container_scope),
@@ -78,7 +78,7 @@ pub fn run(
     }
     if options.list == Some(true) {
         let found = with_root(|| roots.list(Some(snapshot.uid)))
-            .map_err(|e| format!("{node}: cannot list your named containers: {e:#}"))?;
+            .map_err(|e| anyhow!("{node}: cannot list your named containers: {e:#}"))?;
         for line in list_lines(node, &found) {
             report.user(&line);
         }
@@ -86,7 +86,7 @@ pub fn run(
     if failures.is_empty() {
         Ok(())
     } else {
-        Err(failures.join("; "))
+        Err(anyhow::Error::msg(failures.join("; ")))
     }
 }
 
@@ -147,9 +147,11 @@ mod tests {
     fn names_are_checked_one_by_one() {
         assert_eq!(parse_names("a, b").unwrap(), ["a", "b"]);
         assert!(parse_names("a,")
+            .map_err(|e| format!("{e:#}"))
             .unwrap_err()
             .contains("empty container name"));
         assert!(parse_names("")
+            .map_err(|e| format!("{e:#}"))
             .unwrap_err()
             .contains("empty container name"));
         assert!(parse_names("ok,../x").is_err());

@@ -22,6 +22,7 @@
 //! - `pmi_dirs`, `task_prolog`, `timings`: PMI folders, the TaskProlog
 //!   stand-in, the `srun -v` timings.
 
+use anyhow::anyhow;
 pub mod cancel_watch;
 pub mod container;
 pub mod context;
@@ -77,7 +78,7 @@ pub fn start(
     mut options: JobOptions,
     config: &Config,
     report: &dyn Report,
-) -> Result<Option<Started>, String> {
+) -> anyhow::Result<Option<Started>> {
     if let Some(image) = options.image.take() {
         options.image = Some(pin::for_step(&image, snapshot.job_var(pin::PIN_VARIABLE)));
     }
@@ -97,14 +98,14 @@ pub fn start(
     let started_container = match &ctx.options.name {
         Some(value) => {
             let name = ContainerName::parse(value)
-                .map_err(|e| format!("--container-name={value}: {e}"))?;
+                .map_err(|e| anyhow!("--container-name={value}: {e:#}"))?;
             named::start(&ctx, &name)
         }
         None => unnamed::start(&ctx),
     };
     drop(watch);
     let (container, what) = started_container.map_err(|e| match crate::interrupt::requested() {
-        Some(reason) => format!("container setup stopped: {reason}"),
+        Some(reason) => anyhow!("container setup stopped: {reason}"),
         None => e,
     })?;
     report.info(&format!(
@@ -124,10 +125,10 @@ fn context<'a>(
     options: JobOptions,
     config: &'a Config,
     report: &'a dyn Report,
-) -> Result<StepContext<'a>, String> {
+) -> anyhow::Result<StepContext<'a>> {
     let (uid, gid) = (snapshot.uid, snapshot.gid);
     let mut user = UserIdentity::lookup(uid, gid)
-        .map_err(|e| format!("cannot look up user {uid} on this node: {e}"))?;
+        .map_err(|e| anyhow!("cannot look up user {uid} on this node: {e:#}"))?;
     if !snapshot.groups.is_empty() {
         user.groups = snapshot.groups.clone();
     }
@@ -179,12 +180,12 @@ fn context<'a>(
 /// The batch script (the first word of the batch step's command line),
 /// bound read-only at its own path so that the batch step can run it
 /// inside the container.
-fn batch_script_bind(argv: &[String]) -> Result<MountSpec, String> {
+fn batch_script_bind(argv: &[String]) -> anyhow::Result<MountSpec> {
     let script = argv
         .first()
         .filter(|path| path.starts_with('/'))
         .ok_or_else(|| {
-            format!("cannot find the batch script of this job (its command line is {argv:?})")
+            anyhow!("cannot find the batch script of this job (its command line is {argv:?})")
         })?;
     Ok(MountSpec {
         source: script.into(),

@@ -6,6 +6,7 @@
 //! namespaces or build a container on the kept root, and publish this step's
 //! record so later steps can join it too.
 
+use anyhow::anyhow;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::container::{report_start, NamedUse, PendingSave, StepContainer};
@@ -32,7 +33,7 @@ const NO_EXEC_POLL: Duration = Duration::from_millis(100);
 
 /// Starts this step in the named container `name`; returns the container
 /// and what was done (joined, reused, created), for the log.
-pub fn start(ctx: &StepContext, name: &ContainerName) -> Result<(StepContainer, String), String> {
+pub fn start(ctx: &StepContext, name: &ContainerName) -> anyhow::Result<(StepContainer, String)> {
     let key = NamedKey {
         uid: ctx.user.uid,
         scope: scope_of(&name.name, ctx.job, ctx.config.container_scope),
@@ -77,12 +78,13 @@ pub fn publish_unnamed(
     ctx: &StepContext,
     container: &Container,
     spec: &ContainerSpec,
-) -> Result<NamedUse, String> {
+) -> anyhow::Result<NamedUse> {
     let key = unnamed_key(ctx.user.uid, ctx.job, ctx.step);
     let describe = |e: anyhow::Error| {
-        format!(
+        anyhow!(
             "cannot publish the container of step {}.{} for other steps to join: {e:#}",
-            ctx.job, ctx.step
+            ctx.job,
+            ctx.step
         )
     };
     with_root(|| {
@@ -140,8 +142,8 @@ fn start_as_root(
     ctx: &StepContext,
     name: &ContainerName,
     key: &NamedKey,
-) -> Result<(StepContainer, String), String> {
-    let describe = |e: anyhow::Error| format!("named container {}: {e:#}", key.describe());
+) -> anyhow::Result<(StepContainer, String)> {
+    let describe = |e: anyhow::Error| anyhow!("named container {}: {e:#}", key.describe());
     let registry = Registry::new(&ctx.config.runtime_dir, &ctx.node);
     let roots = NamedRoots::new(&ctx.node_state);
     let (_decision, running) = lock_and_look(&registry, key, name, ctx).map_err(describe)?;
@@ -151,7 +153,8 @@ fn start_as_root(
         existing.is_some(),
         !running.is_empty(),
         ctx.options.image.is_some(),
-    )?;
+    )
+    .map_err(anyhow::Error::msg)?;
     let hold = |root: &NamedRoot| root.hold().map_err(describe);
     let (container, spec, holds, image_hold, what) = match (action, existing) {
         (Action::Join, existing) => {
@@ -236,12 +239,12 @@ fn refuse_missing_namespaces(
     ctx: &StepContext,
     key: &NamedKey,
     record: &RunningStep,
-) -> Result<(), String> {
+) -> anyhow::Result<()> {
     let Some(list) = &ctx.options.unshare else {
         return Ok(());
     };
     let wanted =
-        Namespace::parse_list(list).map_err(|e| format!("--container-unshare={list}: {e}"))?;
+        Namespace::parse_list(list).map_err(|e| anyhow!("--container-unshare={list}: {e:#}"))?;
     let missing: Vec<&str> = wanted
         .iter()
         .map(|kind| kind.name())
@@ -250,7 +253,7 @@ fn refuse_missing_namespaces(
     if missing.is_empty() {
         return Ok(());
     }
-    Err(format!(
+    Err(anyhow!(
         "--container-unshare={list}: container '{}' is already running (step {}.{}) without \
          its own {} namespace, and a joining step cannot get one; run this step without \
          --container-unshare={}, or start the container with it (in its first step)",
@@ -269,14 +272,15 @@ fn build(
     stored: &StoredImage,
     image_hold: Option<&ImageHold>,
     root: &NamedRoot,
-) -> Result<(Container, ContainerSpec), String> {
+) -> anyhow::Result<(Container, ContainerSpec)> {
     let mut spec = build_spec(ctx, stored, image_hold)?;
     spec.upper_dir = Some(root.overlay_dir().to_path_buf());
     let container =
         spawn_holder(&ctx.config.helper_path, &spec, Mode::Privileged).map_err(|e| {
-            format!(
+            anyhow!(
                 "cannot start named container '{}' (image {}): {e:#}",
-                root.meta.name, root.meta.image
+                root.meta.name,
+                root.meta.image
             )
         })?;
     report_start(ctx, &container);
@@ -288,12 +292,12 @@ fn build(
 fn root_image(
     ctx: &StepContext,
     root: &NamedRoot,
-) -> Result<(StoredImage, Option<ImageHold>), String> {
+) -> anyhow::Result<(StoredImage, Option<ImageHold>)> {
     let store = &ctx.store;
     let meta = &root.meta;
     if let Some(digest) = &meta.manifest_digest {
-        let opened = crate::store::Store::open_unswept(store).map_err(|e| format!("{e:#}"))?;
-        if let Some(stored) = opened.lookup_digest(digest).map_err(|e| format!("{e:#}"))? {
+        let opened = crate::store::Store::open_unswept(store)?;
+        if let Some(stored) = opened.lookup_digest(digest)? {
             if let Ok(hold) = opened.hold(&stored) {
                 return Ok((stored, Some(hold)));
             }
@@ -301,7 +305,7 @@ fn root_image(
     }
     let (stored, hold) = pull_and_hold(ctx, &meta.image)?;
     if stored.manifest_digest != meta.manifest_digest {
-        return Err(format!(
+        return Err(anyhow!(
             "named container '{}' was made from image {} ({}), which is no longer in the node \
              store, and {} now names another image ({}); remove the container (berth \
              containers rm) or use another name",
@@ -321,7 +325,7 @@ fn root_image(
 /// slurmd's job epilog on each node (root): removes the job-scoped named
 /// containers of the job and their records. Their mounts are already gone:
 /// they lived only in the namespaces of the job's steps.
-pub fn job_epilog(job: u32, config: &Config, report: &dyn Report) -> Result<(), String> {
+pub fn job_epilog(job: u32, config: &Config, report: &dyn Report) -> anyhow::Result<()> {
     let node = std::env::var("SLURMD_NODENAME")
         .ok()
         .filter(|n| !n.is_empty())
@@ -334,7 +338,7 @@ pub fn job_epilog(job: u32, config: &Config, report: &dyn Report) -> Result<(), 
     let store = config.node_state_path(&node);
     let removed = NamedRoots::new(&store)
         .remove_job(job)
-        .map_err(|e| format!("cannot remove the named containers of job {job}: {e:#}"))?;
+        .map_err(|e| anyhow!("cannot remove the named containers of job {job}: {e:#}"))?;
     // An untrusted runtime folder is the admin's to fix; it must not drain
     // the node: logged, not failed.
     if let Err(e) = Registry::new(&config.runtime_dir, &node).remove_job(job) {

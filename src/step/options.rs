@@ -2,6 +2,7 @@
 //! the front end took them (each value checked when given, defaults not yet
 //! applied).
 
+use anyhow::anyhow;
 /// The values of the `--container-*` options for this job or step.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct JobOptions {
@@ -40,20 +41,24 @@ pub struct JobOptions {
 
 /// The names listed in `--container-env`; an empty list or name is refused
 /// (`--container-env=`, `FOO,`), as is a name that is not a variable name.
-pub fn env_names(value: &str) -> Result<Vec<String>, String> {
+pub fn env_names(value: &str) -> anyhow::Result<Vec<String>> {
     let names: Vec<String> = value.split(',').map(|n| n.trim().to_string()).collect();
     if names.iter().any(String::is_empty) {
         return Err(if value.trim().is_empty() {
-            "no variable named; give NAME[,NAME...] or drop the option".to_string()
+            anyhow::Error::msg(
+                "no variable named; give NAME[,NAME...] or drop the option".to_string(),
+            )
         } else {
-            "an empty variable name (a ',' too many?); give NAME[,NAME...]".to_string()
+            anyhow::Error::msg(
+                "an empty variable name (a ',' too many?); give NAME[,NAME...]".to_string(),
+            )
         });
     }
     for name in &names {
         let valid = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
             && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !valid {
-            return Err(format!(
+            return Err(anyhow!(
                 "'{name}' is not a variable name (letters, digits and _, not starting with a digit)"
             ));
         }

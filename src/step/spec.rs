@@ -3,6 +3,7 @@
 //! ([`build_spec`]: the PMI folders, the batch script, the job's namespace,
 //! the TaskProlog stand-in, the options' flags, the ENTRYPOINT).
 
+use anyhow::anyhow;
 use std::path::{Path, PathBuf};
 
 use super::context::StepContext;
@@ -107,11 +108,11 @@ pub fn build_spec(
     ctx: &StepContext,
     stored: &StoredImage,
     hold: Option<&ImageHold>,
-) -> Result<ContainerSpec, String> {
+) -> anyhow::Result<ContainerSpec> {
     let options = &ctx.options;
     let mounts = match &options.mounts {
         Some(text) => crate::container::spec::parse_mounts(text)
-            .map_err(|e| format!("--container-mounts: {e}"))?,
+            .map_err(|e| anyhow!("--container-mounts: {e:#}"))?,
         None => Vec::new(),
     };
     let request = crate::inject::Request {
@@ -144,10 +145,11 @@ pub fn build_spec(
     })
     .map_err(|e| match e {
         // slurmstepd runs user_init in the job's working directory.
-        SpecError::RelativeMount => "--container-mounts: a relative source, but the job's \
-                                     working directory is unknown; give absolute paths"
-            .to_string(),
-        SpecError::Inject(e) => format!("image '{image}': {e:#}"),
+        SpecError::RelativeMount => anyhow!(
+            "--container-mounts: a relative source, but the job's working directory is \
+             unknown; give absolute paths"
+        ),
+        SpecError::Inject(e) => anyhow!("image '{image}': {e:#}"),
     })?;
     if stored.manifest_digest.is_some() {
         // A store image: ordinary users cannot read the store, the pull user can.
@@ -178,8 +180,8 @@ pub fn build_spec(
     spec.mount_home = options.mount_home.or(defaults.mount_home).unwrap_or(false);
     spec.remap_root = options.remap_root.or(defaults.remap_root).unwrap_or(false);
     if let Some(list) = &options.unshare {
-        spec.unshare =
-            Namespace::parse_list(list).map_err(|e| format!("--container-unshare={list}: {e}"))?;
+        spec.unshare = Namespace::parse_list(list)
+            .map_err(|e| anyhow!("--container-unshare={list}: {e:#}"))?;
     }
     if !spec.injection.is_empty() {
         ctx.report.info(&format!(
@@ -221,9 +223,9 @@ fn job_var<'a>(env: &'a [String], name: &str) -> Option<&'a str> {
 /// ENTRYPOINT's): `--container-env`'s names. They are also the only job
 /// variables the ENTRYPOINT sees, and the only way the job's locale
 /// ([`crate::container::env::JOB_LOCALE_VARIABLES`]) gets in.
-pub fn keep_job_env(options: &JobOptions) -> Result<Vec<String>, String> {
+pub fn keep_job_env(options: &JobOptions) -> anyhow::Result<Vec<String>> {
     match &options.env {
-        Some(list) => env_names(list).map_err(|e| format!("--container-env={list}: {e}")),
+        Some(list) => env_names(list).map_err(|e| anyhow!("--container-env={list}: {e:#}")),
         None => Ok(Vec::new()),
     }
 }
@@ -260,13 +262,13 @@ fn entrypoint_run(
 
 /// `--container-save=PATH` made absolute (a relative PATH is taken from the
 /// job's working directory `cwd`) and checked with the user's permissions.
-pub fn save_target(path: &str, cwd: Option<&Path>) -> Result<PathBuf, String> {
+pub fn save_target(path: &str, cwd: Option<&Path>) -> anyhow::Result<PathBuf> {
     let path = Path::new(path);
     let absolute = if path.is_absolute() {
         path.to_path_buf()
     } else {
         let cwd = cwd.ok_or_else(|| {
-            format!(
+            anyhow!(
                 "--container-save={}: a relative path, but the job's working directory is \
                  unknown; give an absolute path",
                 path.display()
@@ -275,6 +277,6 @@ pub fn save_target(path: &str, cwd: Option<&Path>) -> Result<PathBuf, String> {
         cwd.join(path)
     };
     crate::container::save::check_output(&absolute)
-        .map_err(|e| format!("--container-save={}: {e}", path.display()))?;
+        .map_err(|e| anyhow!("--container-save={}: {e:#}", path.display()))?;
     Ok(absolute)
 }

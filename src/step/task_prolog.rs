@@ -3,6 +3,7 @@
 //! that Slurm's own run there is a no-op (the front end runs the script on
 //! the host before each task joins; see the plugin's `task_prolog`).
 
+use anyhow::anyhow;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -13,19 +14,19 @@ use crate::privilege::with_root;
 const NOOP_FILE: &str = "task-prolog-noop";
 
 /// The site's `TaskProlog` from slurm.conf, or `None` when there is none.
-pub fn site_prolog() -> Result<Option<PathBuf>, String> {
+pub fn site_prolog() -> anyhow::Result<Option<PathBuf>> {
     let conf = crate::slurm_conf::slurm_conf_path();
     let value = crate::slurm_conf::value(&conf, "TaskProlog")
-        .map_err(|e| format!("cannot find the site's TaskProlog: {e:#}"))?;
+        .map_err(|e| anyhow!("cannot find the site's TaskProlog: {e:#}"))?;
     Ok(value.map(PathBuf::from))
 }
 
 /// The bind that makes Slurm's run of `prolog` inside the container a no-op:
 /// the exit-0 program (kept in `state_dir`, written there when missing) at
 /// the TaskProlog's own path, read-only.
-pub fn container_bind(prolog: &Path, state_dir: &Path) -> Result<MountSpec, String> {
+pub fn container_bind(prolog: &Path, state_dir: &Path) -> anyhow::Result<MountSpec> {
     let program = exit0_program().ok_or_else(|| {
-        format!(
+        anyhow!(
             "the site's TaskProlog {} cannot run for container tasks on this CPU architecture \
              ({}); remove TaskProlog from slurm.conf or run the step without --container-image",
             prolog.display(),
@@ -34,8 +35,8 @@ pub fn container_bind(prolog: &Path, state_dir: &Path) -> Result<MountSpec, Stri
     })?;
     let path = state_dir.join(NOOP_FILE);
     with_root(|| write_if_changed(&path, &program)).map_err(|e| {
-        format!(
-            "cannot write {} (stands in for the TaskProlog inside the container): {e}",
+        anyhow!(
+            "cannot write {} (stands in for the TaskProlog inside the container): {e:#}",
             path.display()
         )
     })?;

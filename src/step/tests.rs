@@ -119,8 +119,10 @@ fn the_batch_script_is_bound_read_only_at_its_path() {
     assert_eq!(bind.source, Path::new("/spool/job7/slurm_script"));
     assert_eq!(bind.target, bind.source);
     assert!(bind.read_only);
-    let e = batch_script_bind(&["script.sh".into()]).unwrap_err();
-    assert!(e.contains("cannot find the batch script"), "{e}");
+    let e = batch_script_bind(&["script.sh".into()])
+        .map_err(|e| format!("{e:#}"))
+        .unwrap_err();
+    assert!(e.contains("cannot find the batch script"), "{e:#}");
     assert!(batch_script_bind(&[]).is_err());
 }
 
@@ -129,13 +131,17 @@ fn a_relative_save_path_is_taken_from_the_jobs_working_directory() {
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let saved = save_target("out.sqfs", Some(dir.path())).unwrap();
     assert_eq!(saved, dir.path().join("out.sqfs"));
-    let e = save_target("out.sqfs", None).unwrap_err();
+    let e = save_target("out.sqfs", None)
+        .map_err(|e| format!("{e:#}"))
+        .unwrap_err();
     assert!(
         e.contains("--container-save=out.sqfs: a relative path"),
-        "{e}"
+        "{e:#}"
     );
-    let e = save_target("/nonexistent/dir/out.sqfs", None).unwrap_err();
-    assert!(e.contains("does not exist on this node"), "{e}");
+    let e = save_target("/nonexistent/dir/out.sqfs", None)
+        .map_err(|e| format!("{e:#}"))
+        .unwrap_err();
+    assert!(e.contains("does not exist on this node"), "{e:#}");
 }
 
 #[test]
@@ -169,8 +175,10 @@ fn fanout_roles_come_from_the_snapshot() {
         .unwrap()
         .unwrap();
     assert_eq!(step.node_count, 4);
-    let e = FanoutStep::of(&snapshot(None), &config).unwrap_err();
-    assert!(e.contains("SLURM_NODEID"), "{e}");
+    let e = FanoutStep::of(&snapshot(None), &config)
+        .map_err(|e| format!("{e:#}"))
+        .unwrap_err();
+    assert!(e.contains("SLURM_NODEID"), "{e:#}");
     // Too few nodes, or a shared store (one pull for all): no fan-out.
     config.fanout.min_nodes = 5;
     assert!(FanoutStep::of(&snapshot(Some(1)), &config)
@@ -194,8 +202,10 @@ fn kept_names_are_checked_with_their_option() {
         env: Some("A,".into()),
         ..Default::default()
     };
-    let e = keep_job_env(&options).unwrap_err();
-    assert!(e.starts_with("--container-env=A,: "), "{e}");
+    let e = keep_job_env(&options)
+        .map_err(|e| format!("{e:#}"))
+        .unwrap_err();
+    assert!(e.starts_with("--container-env=A,: "), "{e:#}");
 }
 
 #[test]
@@ -293,14 +303,18 @@ fn a_steps_spec_applies_the_options_and_their_defaults() {
         .is_none());
     // Each failure names its option.
     ctx.cwd = None;
-    let e = build_spec(&ctx, &stored, None).unwrap_err();
+    let e = build_spec(&ctx, &stored, None)
+        .map_err(|e| format!("{e:#}"))
+        .unwrap_err();
     assert!(
         e.starts_with("--container-mounts: a relative source"),
-        "{e}"
+        "{e:#}"
     );
     ctx.options.mounts = None;
     ctx.options.unshare = Some("bogus".into());
-    let e = build_spec(&ctx, &stored, None).unwrap_err();
-    assert!(e.starts_with("--container-unshare=bogus: "), "{e}");
+    let e = build_spec(&ctx, &stored, None)
+        .map_err(|e| format!("{e:#}"))
+        .unwrap_err();
+    assert!(e.starts_with("--container-unshare=bogus: "), "{e:#}");
     assert!(report.at("info").is_empty(), "nothing injected");
 }

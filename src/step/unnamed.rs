@@ -2,6 +2,7 @@
 //! the container, publish it as `JOB.STEP` for the job's other steps, and
 //! with `--container-save` keep its changes in a scratch folder on disk.
 
+use anyhow::anyhow;
 use std::time::Instant;
 
 use super::container::{report_start, PendingSave, StepContainer};
@@ -13,7 +14,7 @@ use crate::privilege::with_root;
 
 /// Starts the container of an unnamed step; returns it and what was done,
 /// for the log.
-pub fn start(ctx: &StepContext) -> Result<(StepContainer, String), String> {
+pub fn start(ctx: &StepContext) -> anyhow::Result<(StepContainer, String)> {
     let image = ctx.options.image.clone().unwrap_or_default();
     ctx.report.verbose(&format!(
         "job {} step {}: pulling {image} into {}",
@@ -30,7 +31,7 @@ pub fn start(ctx: &StepContext) -> Result<(StepContainer, String), String> {
         let scratch = with_root(|| {
             NamedRoots::new(&ctx.node_state).save_scratch(ctx.user.uid, ctx.job, ctx.step)
         })
-        .map_err(|e| format!("--container-save: {e:#}"))?;
+        .map_err(|e| anyhow!("--container-save: {e:#}"))?;
         spec.upper_dir = Some(scratch.clone());
         save = Some(PendingSave {
             request: save_request(&spec, &scratch, output),
@@ -42,7 +43,7 @@ pub fn start(ctx: &StepContext) -> Result<(StepContainer, String), String> {
     // spawn_holder takes root for the mounts and the id maps itself.
     let mount_started = Instant::now();
     let container = spawn_holder(&ctx.config.helper_path, &spec, Mode::Privileged)
-        .map_err(|e| format!("cannot start the container for image '{image}': {e:#}"))?;
+        .map_err(|e| anyhow!("cannot start the container for image '{image}': {e:#}"))?;
     let mounted = mount_started.elapsed();
     let lookup = super::timings::take_lookup();
     if ctx.verbose {
@@ -57,7 +58,7 @@ pub fn start(ctx: &StepContext) -> Result<(StepContainer, String), String> {
     report_start(ctx, &container);
     // Other steps of the job may join it as `--container-name=JOB.STEP`.
     let named = super::named::publish_unnamed(ctx, &container, &spec)
-        .map_err(|e| ctx.report.error(&e))
+        .map_err(|e| ctx.report.error(&format!("{e:#}")))
         .ok();
     let step = StepContainer {
         container,
