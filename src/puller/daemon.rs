@@ -122,6 +122,8 @@ pub fn import_daemon(
             said.trim().replace('\n', "; "),
             user.name
         )),
-        Err(e) => Err(anyhow!("cannot wait for `{program} save` of {source}: {e:#}")),
+        Err(e) => Err(anyhow!(
+            "cannot wait for `{program} save` of {source}: {e:#}"
+        )),
     }
 }

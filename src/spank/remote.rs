@@ -9,8 +9,7 @@
 //! every mount down.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use super::handle::{self, Spank};
 use super::options;
@@ -18,25 +17,45 @@ use crate::config::Config;
 use crate::container::env::JOB_LOCALE_VARIABLES;
 use crate::step::{Report, Snapshot, StepContainer};
 
-/// The container of this step on this node, created in `user_init`.
-static CONTAINER: Mutex<Option<StepContainer>> = Mutex::new(None);
+/// What this slurmstepd keeps between the callbacks of its step (one
+/// process runs one step on one node).
+struct StepdState {
+    /// slurmstepd's own process id, recorded in `init`: `user_init` in
+    /// another process is a clone of it (`SlurmdParameters=contain_spank`).
+    stepd_pid: u32,
+    /// The container of this step on this node, created in `user_init`.
+    container: Option<StepContainer>,
+    /// Whether `user_init` could not make the container. Slurm 22.05's srun
+    /// exits 0 when `user_init` fails (the launch fails, no task runs), so
+    /// the failure is reported there and raised again in each task's
+    /// `task_init`, which makes the tasks (and so srun) fail with a
+    /// non-zero exit code.
+    setup_failed: bool,
+    /// The site's TaskProlog when this step's tasks run in a container on
+    /// Slurm 22.05: each task runs it on the host before it joins
+    /// ([`super::task_prolog`]).
+    task_prolog: Option<PathBuf>,
+    /// This node's name when the step is verbose (`srun -v`): the first
+    /// local task reports its join as it.
+    join_report: Option<String>,
+    /// How many of this node's tasks have exited (the last one saves).
+    tasks_exited: u32,
+}
 
-/// How many of this node's tasks have exited (the last one saves).
-static TASKS_EXITED: AtomicU32 = AtomicU32::new(0);
+/// The one [`StepdState`] of this process.
+static STATE: Mutex<StepdState> = Mutex::new(StepdState {
+    stepd_pid: 0,
+    container: None,
+    setup_failed: false,
+    task_prolog: None,
+    join_report: None,
+    tasks_exited: 0,
+});
 
-/// Why `user_init` could not make the container. Slurm 22.05's srun exits 0
-/// when `user_init` fails (the launch fails, no task runs), so the failure is
-/// reported there and raised again in each task's `task_init`, which makes
-/// the tasks (and so srun) fail with a non-zero exit code.
-static SETUP_FAILED: Mutex<bool> = Mutex::new(false);
-
-/// The site's TaskProlog when this step's tasks run in a container: each
-/// task runs it on the host before it joins ([`super::task_prolog`]).
-static TASK_PROLOG: Mutex<Option<PathBuf>> = Mutex::new(None);
-
-/// slurmstepd's own process id, recorded in `init`: `user_init` in another
-/// process is a clone of it (`SlurmdParameters=contain_spank`).
-static STEPD_PID: AtomicU32 = AtomicU32::new(0);
+/// This process's [`StepdState`], locked (a panic elsewhere does not lose it).
+fn state() -> MutexGuard<'static, StepdState> {
+    STATE.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// What `user_init` says when Slurm runs it in a clone of slurmstepd.
 const CONTAIN_SPANK_REFUSED: &str =
@@ -49,13 +68,13 @@ const CONTAIN_SPANK_REFUSED: &str =
 
 /// Records that this process is slurmstepd itself (called from `init`).
 pub fn record_stepd_process() {
-    STEPD_PID.store(std::process::id(), Ordering::Relaxed);
+    state().stepd_pid = std::process::id();
 }
 
 /// Whether this callback runs in a clone of slurmstepd (contain_spank), not
 /// in slurmstepd itself.
 fn in_a_clone_of_slurmstepd() -> bool {
-    let stepd = STEPD_PID.load(Ordering::Relaxed);
+    let stepd = state().stepd_pid;
     stepd != 0 && stepd != std::process::id()
 }
 
@@ -90,7 +109,7 @@ pub fn init_post_opt(_spank: &Spank) -> Result<(), String> {
 pub fn user_init(spank: &Spank, config: &Config) -> Result<(), String> {
     if let Err(message) = create_container(spank, config) {
         handle::log_error(&message);
-        *SETUP_FAILED.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        state().setup_failed = true;
     }
     Ok(())
 }
@@ -120,8 +139,10 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
     else {
         return Ok(());
     };
-    *CONTAINER.lock().unwrap_or_else(|p| p.into_inner()) = Some(started.container);
-    *TASK_PROLOG.lock().unwrap_or_else(|p| p.into_inner()) = started.task_prolog;
+    let mut state = state();
+    state.container = Some(started.container);
+    state.task_prolog = started.task_prolog;
+    state.join_report = started.join_report;
     Ok(())
 }
 
@@ -157,14 +178,14 @@ fn snapshot(spank: &Spank) -> Result<Snapshot, String> {
 
 /// Joins the calling task to the step's container and applies the image env.
 pub fn task_init(spank: &Spank, config: &Config) -> Result<(), String> {
-    if *SETUP_FAILED.lock().unwrap_or_else(|p| p.into_inner()) {
+    let state = state();
+    if state.setup_failed {
         return Err("the container could not be set up on this node (see the error above)".into());
     }
-    let guard = CONTAINER.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(step) = guard.as_ref() else {
+    let Some(step) = state.container.as_ref() else {
         return Ok(());
     };
-    let prolog_actions = enter(spank, step, config)?;
+    let prolog_actions = enter(spank, &state, step, config)?;
     set_task_env(spank, step)?;
     super::task_prolog::apply(spank, &prolog_actions)
 }
@@ -177,6 +198,7 @@ pub fn task_init(spank: &Spank, config: &Config) -> Result<(), String> {
 #[cfg(berth_prepend_argv)]
 fn enter(
     spank: &Spank,
+    _state: &StepdState,
     step: &StepContainer,
     config: &Config,
 ) -> Result<Vec<super::task_prolog::Action>, String> {
@@ -205,14 +227,11 @@ fn enter(
 #[cfg(not(berth_prepend_argv))]
 fn enter(
     spank: &Spank,
+    state: &StepdState,
     step: &StepContainer,
     _config: &Config,
 ) -> Result<Vec<super::task_prolog::Action>, String> {
-    let prolog = TASK_PROLOG
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
-    let prolog_actions = match &prolog {
+    let prolog_actions = match &state.task_prolog {
         Some(path) => match super::task_prolog::run_on_host(spank, path) {
             Ok(actions) => actions,
             Err(failure) => {
@@ -240,8 +259,8 @@ fn enter(
                 joined.as_secs_f64() * 1e3
             ));
         }
-        if let Some(node) = crate::step::timings::join_report() {
-            handle::log_user(&crate::step::timings::join_line(&node, joined));
+        if let Some(node) = &state.join_report {
+            handle::log_user(&crate::step::timings::join_line(node, joined));
         }
     }
     Ok(prolog_actions)
@@ -288,12 +307,16 @@ fn set_task_env(spank: &Spank, step: &StepContainer) -> Result<(), String> {
 /// After each local task: the last one lets go of the container and, with
 /// `--container-save`, saves its root file system.
 pub fn task_exit(spank: &Spank) -> Result<(), String> {
-    let exited = TASKS_EXITED.fetch_add(1, Ordering::SeqCst) + 1;
     let tasks = spank.local_task_count().map_err(|e| e.to_string())?;
-    if exited < tasks {
-        return Ok(());
-    }
-    let Some(step) = CONTAINER.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+    let step = {
+        let mut state = state();
+        state.tasks_exited += 1;
+        if state.tasks_exited < tasks {
+            return Ok(());
+        }
+        state.container.take()
+    };
+    let Some(step) = step else {
         return Ok(());
     };
     step.release(&SpankReport).map_err(|e| format!("{e:#}"))
@@ -301,7 +324,8 @@ pub fn task_exit(spank: &Spank) -> Result<(), String> {
 
 /// Lets go of the container's namespaces (if the tasks did not already).
 pub fn exit() {
-    CONTAINER.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let container = state().container.take();
+    drop(container);
 }
 
 /// This node's name, for `%n` in `store_path` and for messages: the host's

@@ -12,34 +12,31 @@
 
 use anyhow::anyhow;
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::context::{FanoutStep, StepContext};
-use super::image::{self, run_pull};
+use super::image::{self, run_pull, HeldImage};
 use crate::config::Config;
 use crate::fanout::{JobUser, ReceiveRequest, SendRequest, SendWhat, FANOUT_ARG};
 use crate::privilege::with_root;
 use crate::puller::Answer;
 use crate::reference::ImageSource;
-use crate::store::{ImageHold, StoredImage};
+use crate::store::StoredImage;
 
 /// Pulls the step's image (fanning it out when the step does) and holds it.
-pub fn pull_and_hold(
-    ctx: &StepContext,
-    image: &str,
-) -> anyhow::Result<(StoredImage, Option<ImageHold>)> {
+pub fn pull_and_hold(ctx: &StepContext, image: &str) -> anyhow::Result<HeldImage> {
     let step = match &ctx.fanout {
         Some(step) if matches!(ImageSource::parse(image), Ok(ImageSource::Registry(_))) => step,
         _ => return image::pull_and_hold(ctx, image),
     };
-    let missing = match run_pull(ctx, image, true)? {
-        Answer::Stored(stored) => return image::hold(ctx, image, *stored),
-        Answer::NotInStore(digest) => digest,
+    let (missing, lookup) = match run_pull(ctx, image, true)? {
+        (Answer::Stored(stored), lookup) => return image::hold(ctx, image, *stored, lookup),
+        (Answer::NotInStore(digest), lookup) => (digest, lookup),
     };
     if step.node_id == 0 {
         send_side(ctx, step, image, missing)
     } else {
-        receive_side(ctx, step, image, missing)
+        receive_side(ctx, step, image, missing, lookup)
     }
 }
 
@@ -49,7 +46,7 @@ fn send_side(
     step: &FanoutStep,
     image: &str,
     digest: String,
-) -> anyhow::Result<(StoredImage, Option<ImageHold>)> {
+) -> anyhow::Result<HeldImage> {
     if let Err(e) = send(
         ctx,
         step,
@@ -62,9 +59,9 @@ fn send_side(
             .info(&format!("fan-out: cannot announce the pull: {e:#}"));
     }
     match image::pull_and_hold(ctx, image) {
-        Ok((stored, hold)) => {
+        Ok(held) => {
             let what = SendWhat::Image {
-                manifest_digest: stored.manifest_digest.clone().unwrap_or_default(),
+                manifest_digest: held.stored.manifest_digest.clone().unwrap_or_default(),
             };
             match send(ctx, step, image, what) {
                 Ok(report) => ctx.report.info(&format!("{}: fan-out: {report}", ctx.node)),
@@ -74,11 +71,11 @@ fn send_side(
                     ctx.node
                 )),
             }
-            Ok((stored, hold))
+            Ok(held)
         }
         Err(error) => {
             let what = SendWhat::Nothing {
-                reason: format!("its pull failed: {error}"),
+                reason: format!("its pull failed: {error:#}"),
             };
             if let Err(e) = send(ctx, step, image, what) {
                 ctx.report
@@ -95,7 +92,8 @@ fn receive_side(
     step: &FanoutStep,
     image: &str,
     digest: String,
-) -> anyhow::Result<(StoredImage, Option<ImageHold>)> {
+    lookup: Option<Duration>,
+) -> anyhow::Result<HeldImage> {
     let started = Instant::now();
     let request = ReceiveRequest {
         store: ctx.store.clone(),
@@ -118,11 +116,11 @@ fn receive_side(
                 ctx.node,
                 started.elapsed().as_secs_f64()
             ));
-            image::hold(ctx, image, stored)
+            image::hold(ctx, image, stored, lookup)
         }
         Err(reason) => {
             ctx.report.user(&format!(
-                "{}: fan-out: {reason}; pulling {image} from the registry",
+                "{}: fan-out: {reason:#}; pulling {image} from the registry",
                 ctx.node
             ));
             image::pull_and_hold(ctx, image)

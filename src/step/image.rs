@@ -4,6 +4,7 @@
 
 use anyhow::anyhow;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use super::context::StepContext;
 use crate::helper::PullSettings;
@@ -12,14 +13,23 @@ use crate::puller::{Answer, CredentialsFrom, PullRequest};
 use crate::reference::ImageSource;
 use crate::store::{ImageHold, Store, StoredImage};
 
+/// The step's image: stored, held for the step (`None`: a squashfs file
+/// given by path, outside the store), and how long the pull's registry
+/// lookup took, when it made one.
+pub struct HeldImage {
+    /// The image as the store has it.
+    pub stored: StoredImage,
+    /// The step's shared hold on it.
+    pub hold: Option<ImageHold>,
+    /// The registry lookup the pull helper reported (`srun -v`).
+    pub lookup: Option<Duration>,
+}
+
 /// Pulls the image and takes a shared hold on it for the step. `berth gc` may
 /// remove an image between the pull and the hold: then pull once more.
-pub fn pull_and_hold(
-    ctx: &StepContext,
-    image: &str,
-) -> anyhow::Result<(StoredImage, Option<ImageHold>)> {
-    let stored = pull(ctx, image)?;
-    hold(ctx, image, stored)
+pub fn pull_and_hold(ctx: &StepContext, image: &str) -> anyhow::Result<HeldImage> {
+    let (stored, lookup) = pull(ctx, image)?;
+    hold(ctx, image, stored, lookup)
 }
 
 /// Takes a shared hold on a pulled image for the step; pulls once more when
@@ -28,30 +38,40 @@ pub fn hold(
     ctx: &StepContext,
     image: &str,
     mut stored: StoredImage,
-) -> anyhow::Result<(StoredImage, Option<ImageHold>)> {
+    mut lookup: Option<Duration>,
+) -> anyhow::Result<HeldImage> {
     let store = ctx.store.as_path();
     if stored.manifest_digest.is_none() {
-        return Ok((stored, None)); // a squashfs file given by path, not in the store
+        // a squashfs file given by path, not in the store
+        return Ok(HeldImage {
+            stored,
+            hold: None,
+            lookup,
+        });
     }
     let open = || with_root(|| Store::open_unswept(store));
     let hold = match with_root(|| open()?.hold(&stored)) {
         Ok(hold) => hold,
         Err(_) => {
-            stored = pull(ctx, image)?;
+            (stored, lookup) = pull(ctx, image)?;
             with_root(|| open()?.hold(&stored))?
         }
     };
-    Ok((stored, Some(hold)))
+    Ok(HeldImage {
+        stored,
+        hold: Some(hold),
+        lookup,
+    })
 }
 
 /// Gets `image` for the step: a squashfs file given by path is checked with
 /// the user's own permissions; a registry image is pulled into the node
 /// store as the pull user with the user's credentials ([`crate::puller`]).
 /// Called with the user's effective ids (`user_init`).
-pub fn pull(ctx: &StepContext, image: &str) -> anyhow::Result<StoredImage> {
+pub fn pull(ctx: &StepContext, image: &str) -> anyhow::Result<(StoredImage, Option<Duration>)> {
     match run_pull(ctx, image, false)? {
-        Answer::Stored(stored) => Ok(*stored),
-        Answer::NotInStore(digest) => Err(anyhow!(
+        (Answer::Stored(stored), lookup) => Ok((*stored, lookup)),
+        (Answer::NotInStore(digest), _) => Err(anyhow!(
             "the berth helper did not pull '{image}' ({digest}) into the store"
         )),
     }
@@ -143,15 +163,21 @@ fn lexically_normal(path: &Path) -> PathBuf {
 }
 
 /// [`pull`]; with `cached_only`, only looks in the store (after asking the
-/// registry for the manifest, as every pull does).
-pub fn run_pull(ctx: &StepContext, image: &str, cached_only: bool) -> anyhow::Result<Answer> {
+/// registry for the manifest, as every pull does). Also returns the time of
+/// the registry lookup, when the pull helper reported one.
+pub fn run_pull(
+    ctx: &StepContext,
+    image: &str,
+    cached_only: bool,
+) -> anyhow::Result<(Answer, Option<Duration>)> {
     let (config, store) = (ctx.config, ctx.store.as_path());
     let reference = match ImageSource::parse(image)? {
         ImageSource::SquashfsFile(path) => {
-            return user_squashfs(ctx, &path).map(|stored| Answer::Stored(Box::new(stored)))
+            return user_squashfs(ctx, &path).map(|stored| (Answer::Stored(Box::new(stored)), None))
         }
         ImageSource::Daemon(source) => {
-            return daemon_image(ctx, &source).map(|stored| Answer::Stored(Box::new(stored)))
+            return daemon_image(ctx, &source)
+                .map(|stored| (Answer::Stored(Box::new(stored)), None))
         }
         ImageSource::Registry(reference) => reference,
     };
@@ -170,11 +196,13 @@ pub fn run_pull(ctx: &StepContext, image: &str, cached_only: bool) -> anyhow::Re
         forward: Some((format!("{node}: {image}"), &show)),
     };
     let pulled = crate::puller::pull(&request, CredentialsFrom::User(&ctx.requester()))?;
-    super::timings::record_helper_output(&pulled.stderr);
     super::timings::helper_notes(&pulled.stderr)
         .iter()
         .for_each(|note| ctx.report.user(note));
-    Ok(pulled.answer)
+    Ok((
+        pulled.answer,
+        super::timings::lookup_from_helper(&pulled.stderr),
+    ))
 }
 
 /// The host's name as the pull's messages show it (the full name, as

@@ -61,6 +61,9 @@ pub struct Started {
     pub container: StepContainer,
     /// The site's TaskProlog, when slurm.conf has one.
     pub task_prolog: Option<PathBuf>,
+    /// This node's name when the step is verbose (`srun -v`): the first
+    /// local task reports its join as it.
+    pub join_report: Option<String>,
 }
 
 /// Whether a step runs in a container: never the extern step; the batch
@@ -89,9 +92,7 @@ pub fn start(
     let (job, step) = (snapshot.job, snapshot.step);
     report.debug(&format!("job {job} step {step}: options {options:?}"));
     let ctx = context(snapshot, options, config, report)?;
-    if ctx.verbose {
-        timings::report_join_as(&ctx.node);
-    }
+    let join_report = ctx.verbose.then(|| ctx.node.clone());
     // Slurm signals nothing before the tasks exist: the watch stops the
     // setup of a job that ended.
     let watch = cancel_watch::CancelWatch::start(job, ctx.node_count, config.cancel_check);
@@ -115,6 +116,7 @@ pub fn start(
     Ok(Some(Started {
         container,
         task_prolog: ctx.task_prolog,
+        join_report,
     }))
 }
 

@@ -188,7 +188,8 @@ fn start_as_root(
         }
         (_, _) => {
             let image = ctx.options.image.clone().unwrap_or_default();
-            let (stored, image_hold) = pull_and_hold(ctx, &image)?;
+            let held = pull_and_hold(ctx, &image)?;
+            let (stored, image_hold) = (held.stored, held.hold);
             let meta = NamedMeta {
                 name: key.name.clone(),
                 uid: key.uid,
@@ -303,7 +304,8 @@ fn root_image(
             }
         }
     }
-    let (stored, hold) = pull_and_hold(ctx, &meta.image)?;
+    let held = pull_and_hold(ctx, &meta.image)?;
+    let (stored, hold) = (held.stored, held.hold);
     if stored.manifest_digest != meta.manifest_digest {
         return Err(anyhow!(
             "named container '{}' was made from image {} ({}), which is no longer in the node \

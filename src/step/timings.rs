@@ -11,7 +11,6 @@
 //! another node of a shared store), `mount` (the container's holder),
 //! `join` (the first local task entering the container).
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 /// `SRUN_DEBUG` value of `srun -v` (Slurm's `LOG_LEVEL_VERBOSE`).
@@ -44,37 +43,6 @@ pub fn helper_notes(stderr: &str) -> Vec<String> {
         .filter(|l| l.contains(crate::store::shared::TAKEOVER_NOTE))
         .map(|l| l.trim_start_matches("berth: ").to_string())
         .collect()
-}
-
-/// The lookup time of this step's last pull (set by the pull, read once by
-/// the report).
-static LAST_LOOKUP: Mutex<Option<Duration>> = Mutex::new(None);
-
-/// Keeps the lookup time the pull helper reported in `stderr`.
-pub fn record_helper_output(stderr: &str) {
-    *LAST_LOOKUP.lock().unwrap_or_else(|p| p.into_inner()) = lookup_from_helper(stderr);
-}
-
-/// The lookup time recorded by the last pull, taken.
-pub fn take_lookup() -> Option<Duration> {
-    LAST_LOOKUP.lock().unwrap_or_else(|p| p.into_inner()).take()
-}
-
-/// This node's name when the step is verbose: the first local task reports
-/// its join (set in slurmstepd before the tasks are forked).
-static JOIN_REPORT: Mutex<Option<String>> = Mutex::new(None);
-
-/// Asks the first local task to report its join as `node`.
-pub fn report_join_as(node: &str) {
-    *JOIN_REPORT.lock().unwrap_or_else(|p| p.into_inner()) = Some(node.to_string());
-}
-
-/// The node name to report the join as, when the step is verbose.
-pub fn join_report() -> Option<String> {
-    JOIN_REPORT
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone()
 }
 
 /// Milliseconds, rounded, for the report.
@@ -145,7 +113,6 @@ mod tests {
             line,
             "node1: a:1@sha256:x: lookup 42 ms, pull 100 ms, mount 7 ms"
         );
-        record_helper_output(stderr);
         let takeover =
             "berth: node2 took over the pull of sha256:ab from node1 (pid 7), silent for 30 s";
         assert_eq!(
@@ -153,7 +120,5 @@ mod tests {
             vec![takeover.trim_start_matches("berth: ").to_string()]
         );
         assert!(helper_notes(stderr).is_empty());
-        assert_eq!(take_lookup(), Some(Duration::from_millis(42)));
-        assert_eq!(take_lookup(), None);
     }
 }

@@ -23,7 +23,11 @@ pub fn start(ctx: &StepContext) -> anyhow::Result<(StepContainer, String)> {
         ctx.store.display()
     ));
     let pull_started = Instant::now();
-    let (stored, image_hold) = super::fanout::pull_and_hold(ctx, &image)?;
+    let super::image::HeldImage {
+        stored,
+        hold: image_hold,
+        lookup,
+    } = super::fanout::pull_and_hold(ctx, &image)?;
     let pulled = pull_started.elapsed();
     let mut spec = build_spec(ctx, &stored, image_hold.as_ref())?;
     let mut save = None;
@@ -45,7 +49,6 @@ pub fn start(ctx: &StepContext) -> anyhow::Result<(StepContainer, String)> {
     let container = spawn_holder(&ctx.config.helper_path, &spec, Mode::Privileged)
         .map_err(|e| anyhow!("cannot start the container for image '{image}': {e:#}"))?;
     let mounted = mount_started.elapsed();
-    let lookup = super::timings::take_lookup();
     if ctx.verbose {
         let shown = stored
             .reference
