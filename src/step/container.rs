@@ -133,7 +133,7 @@ pub fn report_start(ctx: &StepContext, container: &Container) {
             "job {job} step {step}: ENTRYPOINT set {names:?}, removed {:?}",
             outcome.unset
         ));
-        if ctx.options.entrypoint_log == Some(true) {
+        if ctx.request.entrypoint_log {
             for line in outcome.log.lines() {
                 ctx.report.user(&format!("entrypoint: {line}"));
             }

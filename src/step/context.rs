@@ -5,8 +5,8 @@
 
 use std::path::PathBuf;
 
-use super::options::JobOptions;
 use super::report::Report;
+use super::request::StepRequest;
 use super::snapshot::Snapshot;
 use crate::config::{Config, FanoutMode};
 use crate::container::spec::{MountSpec, UserIdentity};
@@ -18,8 +18,8 @@ pub struct StepContext<'a> {
     pub config: &'a Config,
     /// Where the step's messages go.
     pub report: &'a dyn Report,
-    /// The job's options, the image pinned to its digest.
-    pub options: JobOptions,
+    /// The job's options, resolved, the image pinned to its digest.
+    pub request: StepRequest,
     /// The node store.
     pub store: PathBuf,
     /// Where this node's own state lives (named containers, save scratch):

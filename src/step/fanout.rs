@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use super::context::{FanoutStep, StepContext};
 use super::image::{self, run_pull, HeldImage};
+use super::request::RequestedImage;
 use crate::config::Config;
 use crate::fanout::{JobUser, ReceiveRequest, SendRequest, SendWhat, FANOUT_ARG};
 use crate::privilege::with_root;
@@ -24,9 +25,9 @@ use crate::reference::ImageSource;
 use crate::store::StoredImage;
 
 /// Pulls the step's image (fanning it out when the step does) and holds it.
-pub fn pull_and_hold(ctx: &StepContext, image: &str) -> anyhow::Result<HeldImage> {
+pub fn pull_and_hold(ctx: &StepContext, image: &RequestedImage) -> anyhow::Result<HeldImage> {
     let step = match &ctx.fanout {
-        Some(step) if matches!(ImageSource::parse(image), Ok(ImageSource::Registry(_))) => step,
+        Some(step) if matches!(image.value, ImageSource::Registry(_)) => step,
         _ => return image::pull_and_hold(ctx, image),
     };
     let (missing, lookup) = match run_pull(ctx, image, true)? {
@@ -44,7 +45,7 @@ pub fn pull_and_hold(ctx: &StepContext, image: &str) -> anyhow::Result<HeldImage
 fn send_side(
     ctx: &StepContext,
     step: &FanoutStep,
-    image: &str,
+    image: &RequestedImage,
     digest: String,
 ) -> anyhow::Result<HeldImage> {
     if let Err(e) = send(
@@ -90,7 +91,7 @@ fn send_side(
 fn receive_side(
     ctx: &StepContext,
     step: &FanoutStep,
-    image: &str,
+    image: &RequestedImage,
     digest: String,
     lookup: Option<Duration>,
 ) -> anyhow::Result<HeldImage> {
@@ -139,7 +140,7 @@ fn job_user(ctx: &StepContext) -> JobUser {
 fn send(
     ctx: &StepContext,
     step: &FanoutStep,
-    image: &str,
+    image: &RequestedImage,
     what: SendWhat,
 ) -> anyhow::Result<String> {
     let request = SendRequest {

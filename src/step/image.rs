@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::context::StepContext;
+use super::request::RequestedImage;
 use crate::helper::PullSettings;
 use crate::privilege::with_root;
 use crate::puller::{Answer, CredentialsFrom, PullRequest};
@@ -27,7 +28,7 @@ pub struct HeldImage {
 
 /// Pulls the image and takes a shared hold on it for the step. `berth gc` may
 /// remove an image between the pull and the hold: then pull once more.
-pub fn pull_and_hold(ctx: &StepContext, image: &str) -> anyhow::Result<HeldImage> {
+pub fn pull_and_hold(ctx: &StepContext, image: &RequestedImage) -> anyhow::Result<HeldImage> {
     let (stored, lookup) = pull(ctx, image)?;
     hold(ctx, image, stored, lookup)
 }
@@ -36,7 +37,7 @@ pub fn pull_and_hold(ctx: &StepContext, image: &str) -> anyhow::Result<HeldImage
 /// `berth gc` removed it in between.
 pub fn hold(
     ctx: &StepContext,
-    image: &str,
+    image: &RequestedImage,
     mut stored: StoredImage,
     mut lookup: Option<Duration>,
 ) -> anyhow::Result<HeldImage> {
@@ -68,7 +69,10 @@ pub fn hold(
 /// the user's own permissions; a registry image is pulled into the node
 /// store as the pull user with the user's credentials ([`crate::puller`]).
 /// Called with the user's effective ids (`user_init`).
-pub fn pull(ctx: &StepContext, image: &str) -> anyhow::Result<(StoredImage, Option<Duration>)> {
+pub fn pull(
+    ctx: &StepContext,
+    image: &RequestedImage,
+) -> anyhow::Result<(StoredImage, Option<Duration>)> {
     match run_pull(ctx, image, false)? {
         (Answer::Stored(stored), lookup) => Ok((*stored, lookup)),
         (Answer::NotInStore(digest), _) => Err(anyhow!(
@@ -167,17 +171,16 @@ fn lexically_normal(path: &Path) -> PathBuf {
 /// the registry lookup, when the pull helper reported one.
 pub fn run_pull(
     ctx: &StepContext,
-    image: &str,
+    image: &RequestedImage,
     cached_only: bool,
 ) -> anyhow::Result<(Answer, Option<Duration>)> {
     let (config, store) = (ctx.config, ctx.store.as_path());
-    let reference = match ImageSource::parse(image)? {
+    let reference = match &image.value {
         ImageSource::SquashfsFile(path) => {
-            return user_squashfs(ctx, &path).map(|stored| (Answer::Stored(Box::new(stored)), None))
+            return user_squashfs(ctx, path).map(|stored| (Answer::Stored(Box::new(stored)), None))
         }
         ImageSource::Daemon(source) => {
-            return daemon_image(ctx, &source)
-                .map(|stored| (Answer::Stored(Box::new(stored)), None))
+            return daemon_image(ctx, source).map(|stored| (Answer::Stored(Box::new(stored)), None))
         }
         ImageSource::Registry(reference) => reference,
     };
@@ -188,7 +191,7 @@ pub fn run_pull(
     let request = PullRequest {
         helper: &config.helper_path,
         store,
-        image: &reference,
+        image: reference,
         pull_user: &config.pull_user,
         settings: PullSettings::from_config(config),
         progress_lines: true,

@@ -8,7 +8,8 @@
 //! - `snapshot`: what Slurm gives, copied once; `context`: what the step
 //!   works from, made of it;
 //! - `report`: the trait the step logs through;
-//! - `options`: the raw `--container-*` record;
+//! - `options`: the raw `--container-*` record; `request`: the same,
+//!   resolved once (parsed, defaults applied), what the step reads;
 //! - `pin`: the digest submission resolved for the image's tag;
 //! - `spec`: the container spec (shared with `berth run`);
 //! - `image`: pull or import, and hold;
@@ -34,6 +35,7 @@ pub mod options;
 pub mod pin;
 pub mod pmi_dirs;
 pub mod report;
+pub mod request;
 pub mod snapshot;
 pub mod spec;
 pub mod task_prolog;
@@ -47,11 +49,11 @@ pub use container::{PendingSave, StepContainer};
 pub use context::StepContext;
 pub use options::JobOptions;
 pub use report::Report;
+pub use request::StepRequest;
 pub use snapshot::{Snapshot, BATCH_STEP, EXTERN_STEP};
 
 use crate::config::Config;
 use crate::container::spec::{MountSpec, UserIdentity};
-use crate::named::ContainerName;
 use context::FanoutStep;
 
 /// A step's container, started: what the tasks join, and the site's
@@ -91,17 +93,14 @@ pub fn start(
     let started = Instant::now();
     let (job, step) = (snapshot.job, snapshot.step);
     report.debug(&format!("job {job} step {step}: options {options:?}"));
-    let ctx = context(snapshot, options, config, report)?;
+    let request = StepRequest::resolve(&options, config)?;
+    let ctx = context(snapshot, request, config, report)?;
     let join_report = ctx.verbose.then(|| ctx.node.clone());
     // Slurm signals nothing before the tasks exist: the watch stops the
     // setup of a job that ended.
     let watch = cancel_watch::CancelWatch::start(job, ctx.node_count, config.cancel_check);
-    let started_container = match &ctx.options.name {
-        Some(value) => {
-            let name = ContainerName::parse(value)
-                .map_err(|e| anyhow!("--container-name={value}: {e:#}"))?;
-            named::start(&ctx, &name)
-        }
+    let started_container = match &ctx.request.name {
+        Some(name) => named::start(&ctx, name),
         None => unnamed::start(&ctx),
     };
     drop(watch);
@@ -124,7 +123,7 @@ pub fn start(
 /// target checked, the batch script, the fan-out role, the TaskProlog.
 fn context<'a>(
     snapshot: Snapshot,
-    options: JobOptions,
+    request: StepRequest,
     config: &'a Config,
     report: &'a dyn Report,
 ) -> anyhow::Result<StepContext<'a>> {
@@ -134,7 +133,7 @@ fn context<'a>(
     if !snapshot.groups.is_empty() {
         user.groups = snapshot.groups.clone();
     }
-    let save_to = match &options.save {
+    let save_to = match &request.save {
         Some(path) => Some(spec::save_target(path, snapshot.cwd.as_deref())?),
         None => None,
     };
@@ -161,7 +160,7 @@ fn context<'a>(
     Ok(StepContext {
         config,
         report,
-        options,
+        request,
         store: config.store_path_for_node(&node),
         node_state: config.node_state_path(&node),
         node,

@@ -13,9 +13,10 @@ use super::container::{report_start, NamedUse, PendingSave, StepContainer};
 use super::context::StepContext;
 use super::image::pull_and_hold;
 use super::report::Report;
-use super::spec::{build_spec, keep_job_env, save_request};
+use super::request::RequestedImage;
+use super::spec::{build_spec, save_request};
 use crate::config::{Config, ContainerScope};
-use crate::container::{spawn_holder, Container, ContainerSpec, Mode, Namespace};
+use crate::container::{spawn_holder, Container, ContainerSpec, Mode};
 use crate::fsutil::FileLock;
 use crate::named::{
     decide, Action, ContainerName, NameFlag, NamedKey, NamedMeta, NamedRoot, NamedRoots, Registry,
@@ -152,7 +153,7 @@ fn start_as_root(
         name,
         existing.is_some(),
         !running.is_empty(),
-        ctx.options.image.is_some(),
+        ctx.request.image.is_some(),
     )
     .map_err(anyhow::Error::msg)?;
     let hold = |root: &NamedRoot| root.hold().map_err(describe);
@@ -161,10 +162,10 @@ fn start_as_root(
             let record = &running[0];
             refuse_missing_namespaces(ctx, key, record)?;
             let mut spec = record.spec.clone();
-            if let Some(workdir) = &ctx.options.workdir {
+            if let Some(workdir) = &ctx.request.workdir {
                 spec.workdir = Some(workdir.clone());
             }
-            if let Some(mounts) = &ctx.options.mounts {
+            if let Some(mounts) = &ctx.request.mounts {
                 ctx.report.user(&format!(
                     "{}: warning: ignoring --container-mounts={mounts}: container '{}' is \
                      already running (step {}.{}) and keeps its mounts",
@@ -187,14 +188,20 @@ fn start_as_root(
             (container, spec, Some(held), image_hold, what)
         }
         (_, _) => {
-            let image = ctx.options.image.clone().unwrap_or_default();
-            let held = pull_and_hold(ctx, &image)?;
+            let Some(image) = &ctx.request.image else {
+                anyhow::bail!(
+                    "named container '{}' does not exist on this node: give --container-image \
+                     to create it",
+                    key.name
+                );
+            };
+            let held = pull_and_hold(ctx, image)?;
             let (stored, image_hold) = (held.stored, held.hold);
             let meta = NamedMeta {
                 name: key.name.clone(),
                 uid: key.uid,
                 scope: key.scope,
-                image: image.clone(),
+                image: image.text.clone(),
                 manifest_digest: stored.manifest_digest.clone(),
                 squashfs: stored.squashfs.clone(),
                 created: SystemTime::now()
@@ -222,7 +229,7 @@ fn start_as_root(
     });
     let step = StepContainer {
         container,
-        keep_job_env: keep_job_env(&ctx.options)?,
+        keep_job_env: ctx.request.keep_env.clone(),
         image_hold,
         named: Some(NamedUse {
             publication,
@@ -241,12 +248,11 @@ fn refuse_missing_namespaces(
     key: &NamedKey,
     record: &RunningStep,
 ) -> anyhow::Result<()> {
-    let Some(list) = &ctx.options.unshare else {
+    let Some(list) = &ctx.request.unshare else {
         return Ok(());
     };
-    let wanted =
-        Namespace::parse_list(list).map_err(|e| anyhow!("--container-unshare={list}: {e:#}"))?;
-    let missing: Vec<&str> = wanted
+    let missing: Vec<&str> = list
+        .value
         .iter()
         .map(|kind| kind.name())
         .filter(|name| !record.namespaces.iter().any(|ns| ns.kind == *name))
@@ -304,7 +310,7 @@ fn root_image(
             }
         }
     }
-    let held = pull_and_hold(ctx, &meta.image)?;
+    let held = pull_and_hold(ctx, &RequestedImage::parse(&meta.image)?)?;
     let (stored, hold) = (held.stored, held.hold);
     if stored.manifest_digest != meta.manifest_digest {
         return Err(anyhow!(

@@ -7,11 +7,10 @@ use anyhow::anyhow;
 use std::path::{Path, PathBuf};
 
 use super::context::StepContext;
-use super::options::{env_names, JobOptions};
 use crate::container::entrypoint::EntrypointRun;
 use crate::container::save::SaveRequest;
 use crate::container::spec::{
-    resolve_relative_sources, ContainerSpec, MountKind, Namespace, UserIdentity, UserMount,
+    resolve_relative_sources, ContainerSpec, MountKind, UserIdentity, UserMount,
 };
 use crate::container::task_env;
 use crate::image::ImageConfig;
@@ -109,18 +108,18 @@ pub fn build_spec(
     stored: &StoredImage,
     hold: Option<&ImageHold>,
 ) -> anyhow::Result<ContainerSpec> {
-    let options = &ctx.options;
-    let mounts = match &options.mounts {
-        Some(text) => crate::container::spec::parse_mounts(text)
-            .map_err(|e| anyhow!("--container-mounts: {e:#}"))?,
-        None => Vec::new(),
-    };
-    let request = crate::inject::Request {
-        mpi: options.mpi.clone(),
+    let request = &ctx.request;
+    let mounts = request
+        .mounts
+        .as_ref()
+        .map(|given| given.value.clone())
+        .unwrap_or_default();
+    let inject = crate::inject::Request {
+        mpi: request.mpi.clone(),
         gpus: crate::inject::gpu::step_gpus(|name| job_var(&ctx.job_env, name)),
         cdi_devices: Vec::new(),
     };
-    let image = options.image.as_deref().unwrap_or("of the named container");
+    let image = request.image_text().unwrap_or("of the named container");
     // enroot's site configuration: defaults, site mounts first, variables.
     let site = crate::enroot_site::EnrootSite::load(
         &ctx.config.enroot_config_path,
@@ -139,9 +138,9 @@ pub fn build_spec(
         site_mounts: site.mounts,
         site_env: site.env,
         cwd: ctx.cwd.as_deref(),
-        workdir: options.workdir.clone(),
+        workdir: request.workdir.clone(),
         inject: &ctx.config.inject,
-        request,
+        request: inject,
     })
     .map_err(|e| match e {
         // slurmstepd runs user_init in the job's working directory.
@@ -173,15 +172,14 @@ pub fn build_spec(
             .push(super::task_prolog::container_bind(prolog, &ctx.node_state)?);
     }
     let defaults = site.defaults;
-    spec.writable = options
+    spec.writable = request
         .writable
         .or(defaults.rootfs_writable)
         .unwrap_or(true);
-    spec.mount_home = options.mount_home.or(defaults.mount_home).unwrap_or(false);
-    spec.remap_root = options.remap_root.or(defaults.remap_root).unwrap_or(false);
-    if let Some(list) = &options.unshare {
-        spec.unshare = Namespace::parse_list(list)
-            .map_err(|e| anyhow!("--container-unshare={list}: {e:#}"))?;
+    spec.mount_home = request.mount_home.or(defaults.mount_home).unwrap_or(false);
+    spec.remap_root = request.remap_root.or(defaults.remap_root).unwrap_or(false);
+    if let Some(list) = &request.unshare {
+        spec.unshare = list.value.clone();
     }
     if !spec.injection.is_empty() {
         ctx.report.info(&format!(
@@ -191,8 +189,8 @@ pub fn build_spec(
             spec.injection.summary.join(", ")
         ));
     }
-    if runs_entrypoint(options, ctx.config) {
-        spec.entrypoint = entrypoint_run(&stored.config, &ctx.job_env, &keep_job_env(options)?);
+    if request.entrypoint {
+        spec.entrypoint = entrypoint_run(&stored.config, &ctx.job_env, &request.keep_env);
     }
     Ok(spec)
 }
@@ -217,23 +215,6 @@ pub fn save_request(spec: &ContainerSpec, overlay_dir: &Path, output: &Path) -> 
 fn job_var<'a>(env: &'a [String], name: &str) -> Option<&'a str> {
     env.iter()
         .find_map(|e| e.strip_prefix(name)?.strip_prefix('='))
-}
-
-/// The variables whose job value wins over the image's (and the
-/// ENTRYPOINT's): `--container-env`'s names. They are also the only job
-/// variables the ENTRYPOINT sees, and the only way the job's locale
-/// ([`crate::container::env::JOB_LOCALE_VARIABLES`]) gets in.
-pub fn keep_job_env(options: &JobOptions) -> anyhow::Result<Vec<String>> {
-    match &options.env {
-        Some(list) => env_names(list).map_err(|e| anyhow!("--container-env={list}: {e:#}")),
-        None => Ok(Vec::new()),
-    }
-}
-
-/// Whether the image ENTRYPOINT runs: `--[no-]container-entrypoint` (or its
-/// variables), else the plugstack's `execute_entrypoint`.
-fn runs_entrypoint(options: &JobOptions, config: &crate::config::Config) -> bool {
-    options.entrypoint.unwrap_or(config.execute_entrypoint)
 }
 
 /// The image ENTRYPOINT to run at container start, with the image's `Env`

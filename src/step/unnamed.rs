@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::container::{report_start, PendingSave, StepContainer};
 use super::context::StepContext;
-use super::spec::{build_spec, keep_job_env, save_request};
+use super::spec::{build_spec, save_request};
 use crate::container::{spawn_holder, Mode};
 use crate::named::NamedRoots;
 use crate::privilege::with_root;
@@ -15,7 +15,9 @@ use crate::privilege::with_root;
 /// Starts the container of an unnamed step; returns it and what was done,
 /// for the log.
 pub fn start(ctx: &StepContext) -> anyhow::Result<(StepContainer, String)> {
-    let image = ctx.options.image.clone().unwrap_or_default();
+    let Some(image) = &ctx.request.image else {
+        anyhow::bail!("a step without --container-name needs --container-image");
+    };
     ctx.report.verbose(&format!(
         "job {} step {}: pulling {image} into {}",
         ctx.job,
@@ -27,7 +29,7 @@ pub fn start(ctx: &StepContext) -> anyhow::Result<(StepContainer, String)> {
         stored,
         hold: image_hold,
         lookup,
-    } = super::fanout::pull_and_hold(ctx, &image)?;
+    } = super::fanout::pull_and_hold(ctx, image)?;
     let pulled = pull_started.elapsed();
     let mut spec = build_spec(ctx, &stored, image_hold.as_ref())?;
     let mut save = None;
@@ -53,7 +55,7 @@ pub fn start(ctx: &StepContext) -> anyhow::Result<(StepContainer, String)> {
         let shown = stored
             .reference
             .as_ref()
-            .map_or_else(|| image.clone(), ToString::to_string);
+            .map_or_else(|| image.text.clone(), ToString::to_string);
         ctx.report.user(&super::timings::setup_line(
             &ctx.node, &shown, lookup, pulled, mounted,
         ));
@@ -65,7 +67,7 @@ pub fn start(ctx: &StepContext) -> anyhow::Result<(StepContainer, String)> {
         .ok();
     let step = StepContainer {
         container,
-        keep_job_env: keep_job_env(&ctx.options)?,
+        keep_job_env: ctx.request.keep_env.clone(),
         image_hold,
         named,
         save,
