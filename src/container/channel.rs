@@ -49,6 +49,9 @@ pub enum FromHolder {
         /// Things the user should know (the image could not be idmapped).
         #[serde(default)]
         warnings: Vec<String>,
+        /// What the holder mounted, one fstab-like line each, in order.
+        #[serde(default)]
+        mount_table: Vec<String>,
     },
     /// Setup failed; `error` names the failing step and path.
     Failed {

@@ -44,9 +44,10 @@ use crate::container::entrypoint;
 use crate::container::etcfiles::{group_content, passwd_content};
 use crate::container::fuse::{self, FuseMount};
 use crate::container::idmap::{self, IdSwap, MappingNamespace};
+use crate::container::injection;
 use crate::container::ipcns;
 use crate::container::loopdev::LoopDevice;
-use crate::container::mountplan::MountPlan;
+use crate::container::mountplan::{self, MountPlan, Origin, RootStep};
 use crate::container::mounts::{self, StagingPaths};
 use crate::container::netns;
 use crate::container::safepath::RootDir;
@@ -131,7 +132,7 @@ fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Resu
     let owner = image.mapped.then_some((spec.user.uid, spec.user.gid));
     // ldconfig (library injection) runs as the user, never as root.
     let runner = crate::container::injection::ldconfig::runner_for(&spec.user);
-    prepare_root(&image.root, spec, &plan, owner, Some(&runner))
+    let table = prepare_root(&image.root, spec, &plan, owner, Some(&runner))
         .context("preparing the root file system")?;
     lock_user_mounts(&image.root, spec, &plan)?;
     let user = &spec.user;
@@ -152,8 +153,19 @@ fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Resu
         &image.root,
         Locked::Yes,
         Vec::new(),
-        image.warnings,
+        Report {
+            warnings: image.warnings,
+            mount_table: table,
+        },
     )
+}
+
+/// What the holder tells the caller with `Ready`, besides the container.
+struct Report {
+    /// For the user: why the image could not be mapped.
+    warnings: Vec<String>,
+    /// The mount table (fstab-like lines), for `log_level=debug`.
+    mount_table: Vec<String>,
 }
 
 /// Whether the user's mounts and the read-only root were made before the
@@ -202,13 +214,18 @@ fn build_unprivileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Re
     let plan = MountPlan::new(spec, mounts::system_binds())?;
     enter_user_namespace(channel, spec).context("creating the user namespace")?;
     let (root, daemons) = mount_image_with_fuse(spec).context("mounting the image")?;
-    prepare_root(&root, spec, &plan, None, None).context("preparing the root file system")?;
+    let mount_table =
+        prepare_root(&root, spec, &plan, None, None).context("preparing the root file system")?;
     // The daemons must keep the host's root: one whose root or working
     // directory is its own mount deadlocks on the first path lookup. So they
     // stay in this mount namespace, and pivot_root happens in a new one.
     unshare(CloneFlags::CLONE_NEWNS)
         .context("cannot create the container's mount namespace (unshare CLONE_NEWNS)")?;
-    finish(channel, spec, &plan, &root, Locked::No, daemons, Vec::new())
+    let report = Report {
+        warnings: Vec::new(),
+        mount_table,
+    };
+    finish(channel, spec, &plan, &root, Locked::No, daemons, report)
 }
 
 /// Enters a new mount namespace whose mounts are all private and returns
@@ -351,14 +368,15 @@ fn mount_image_with_fuse(spec: &ContainerSpec) -> anyhow::Result<(PathBuf, Vec<F
 /// `/etc/group`, a mount point for every bind, and the host's directories.
 /// With `owner` (uid, gid), what is created in the root gets that owner.
 /// `runner`: whom a root holder runs `ldconfig` as (`None`: ourselves, the
-/// unprivileged holder).
+/// unprivileged holder). Returns the mount table (fstab-like lines) of what
+/// it mounted and of the user's mounts still to come.
 fn prepare_root(
     root_path: &Path,
     spec: &ContainerSpec,
     plan: &MountPlan,
     owner: Option<(u32, u32)>,
     runner: Option<&UserIdentity>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<String>> {
     let mut root = open_root(root_path)?;
     if let Some((uid, gid)) = owner {
         root = root.owning_new_entries(uid, gid);
@@ -375,8 +393,13 @@ fn prepare_root(
     for mount in &plan.user {
         mounts::create_user_mount_point(&root, mount, &spec.user)?;
     }
+    let mut table = Vec::new();
     // Before any host file system enters the root: see injection::apply.
-    crate::container::injection::apply::inject_files(&root, &spec.injection, runner)?;
+    for step in injection::apply::plan_files(&root, &spec.injection)? {
+        mounts::make_root_step(&root, &step)?;
+        table.push(step.table_line());
+    }
+    injection::apply::register_libraries(&root, &spec.injection, runner)?;
     // Each bind below must not reach its target through an earlier one
     // (an image's `/etc -> /tmp/X` and a user's `/tmp/X -> /dev`).
     let one_mount = root
@@ -384,12 +407,18 @@ fn prepare_root(
         .context("cannot open the container root")?;
     for bind in &plan.system {
         if bind.target == Path::new("/dev") && spec.injection.needs_own_dev() {
-            crate::container::injection::apply::build_dev(&root, &bind.source, &spec.injection)?;
+            for step in injection::apply::plan_dev(&bind.source, &spec.injection)? {
+                mounts::make_root_step(&root, &step)?;
+                table.push(step.table_line());
+            }
             continue;
         }
-        mounts::bind_into(&one_mount, bind)?;
+        let step = RootStep::bind(bind.clone(), Origin::System);
+        mounts::make_root_step(&one_mount, &step)?;
+        table.push(step.table_line());
     }
-    Ok(())
+    table.extend(plan.user.iter().map(|m| mountplan::table_line(m, "user")));
+    Ok(table)
 }
 
 /// Creates the user and mount namespaces (and those `spec` asks for: UTS,
@@ -437,7 +466,7 @@ fn finish(
     root_path: &Path,
     locked: Locked,
     daemons: Vec<FuseMount>,
-    warnings: Vec<String>,
+    report: Report,
 ) -> anyhow::Result<()> {
     // The recursive bind keeps the locks of the mounts below (and of the
     // root's read-only flag), while pivot_root needs a top it may move.
@@ -478,7 +507,8 @@ fn finish(
         pid: std::process::id() as i32,
         fuse_pids: daemons.iter().map(FuseMount::pid).collect(),
         entrypoint,
-        warnings,
+        warnings: report.warnings,
+        mount_table: report.mount_table,
     })?;
     expect(channel, ToHolder::Release)?;
     for daemon in daemons {

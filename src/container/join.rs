@@ -51,6 +51,8 @@ pub struct Container {
     entrypoint: Option<EntrypointOutcome>,
     /// What the holder warned about at creation.
     warnings: Vec<String>,
+    /// What the holder mounted at creation (see [`Container::mount_table`]).
+    mount_table: Vec<String>,
 }
 
 /// The step of entering a container that failed.
@@ -107,7 +109,18 @@ impl Container {
             owner_pid: std::process::id(),
             entrypoint: None,
             warnings: Vec::new(),
+            mount_table: Vec::new(),
         }
+    }
+
+    pub(crate) fn set_mount_table(&mut self, table: Vec<String>) {
+        self.mount_table = table;
+    }
+
+    /// What the holder mounted, one fstab-like line each
+    /// (`SOURCE TARGET TYPE OPTIONS # WHY`), in order.
+    pub fn mount_table(&self) -> &[String] {
+        &self.mount_table
     }
 
     pub(crate) fn set_warnings(&mut self, warnings: Vec<String>) {

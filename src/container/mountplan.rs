@@ -1,7 +1,13 @@
 //! The mounts one container gets, in order, built from its spec (pure; the
-//! holder applies them with [`crate::container::mounts`]).
+//! holder applies them with [`crate::container::mounts`]), and the
+//! fstab-like table of what was mounted that `log_level=debug` shows.
+//!
+//! The root holder's own steps (the injected libraries and files, the
+//! system binds, a `/dev` of the container's own) are [`RootStep`]s: data
+//! that [`crate::container::injection::apply`] plans and the holder makes,
+//! each with [`crate::container::mounts::apply`] like every other mount.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 
@@ -43,6 +49,117 @@ impl MountPlan {
         user.extend(spec.extra_binds.iter().cloned().map(UserMount::from));
         Ok(MountPlan { system, user })
     }
+}
+
+/// Why a root holder makes a mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// A host directory every container gets (`/proc`, `/sys`, `/dev`, ...).
+    System,
+    /// A host library or file of the site's injection (GPU, MPI profiles).
+    Injected,
+    /// The container's own `/dev`: its tmpfs and the host entries kept in it.
+    Dev,
+    /// A device the injection adds to that `/dev`.
+    Device,
+}
+
+impl Origin {
+    /// The word the mount table shows.
+    pub fn name(self) -> &'static str {
+        match self {
+            Origin::System => "system",
+            Origin::Injected => "inject",
+            Origin::Dev => "dev",
+            Origin::Device => "device",
+        }
+    }
+}
+
+/// One step a root holder makes in the container's root before the drop to
+/// the user, after the mount points exist.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootStep {
+    /// A bind or a tmpfs.
+    Mount {
+        /// What to mount, and where.
+        mount: UserMount,
+        /// Why.
+        origin: Origin,
+        /// What a failure says it was doing (the mount table line when `None`).
+        context: Option<String>,
+    },
+    /// A symbolic link in the container's own `/dev` (one on the host too).
+    Symlink {
+        /// The link, in the container.
+        target: PathBuf,
+        /// Where it points.
+        link: PathBuf,
+    },
+}
+
+impl RootStep {
+    /// A bind of `spec` made for `origin`.
+    pub fn bind(spec: MountSpec, origin: Origin) -> RootStep {
+        RootStep::Mount {
+            mount: UserMount::from(spec),
+            origin,
+            context: None,
+        }
+    }
+
+    /// The same step, saying `context` when it fails.
+    pub fn failing_with(self, context: String) -> RootStep {
+        match self {
+            RootStep::Mount { mount, origin, .. } => RootStep::Mount {
+                mount,
+                origin,
+                context: Some(context),
+            },
+            other => other,
+        }
+    }
+
+    /// Its line in the mount table.
+    pub fn table_line(&self) -> String {
+        match self {
+            RootStep::Mount { mount, origin, .. } => table_line(mount, origin.name()),
+            RootStep::Symlink { target, link } => {
+                format!("{} {} symlink - # dev", link.display(), target.display())
+            }
+        }
+    }
+}
+
+/// One mount as an fstab line, `SOURCE TARGET TYPE OPTIONS # WHY` (an
+/// unmount shows `-` as its source).
+pub fn table_line(mount: &UserMount, why: &str) -> String {
+    let (source, kind) = match mount.kind {
+        MountKind::Bind => (mount.source.display().to_string(), "bind"),
+        MountKind::Tmpfs => ("tmpfs".to_string(), "tmpfs"),
+        MountKind::Umount => ("-".to_string(), "umount"),
+    };
+    let mut options = vec![if mount.read_only { "ro" } else { "rw" }.to_string()];
+    let flags = &mount.flags;
+    for (set, name) in [
+        (flags.nosuid, "nosuid"),
+        (flags.nodev, "nodev"),
+        (flags.noexec, "noexec"),
+    ] {
+        if set {
+            options.push(name.to_string());
+        }
+    }
+    if let Some(propagation) = flags.propagation {
+        let recursive = if flags.recursive_propagation { "r" } else { "" };
+        options.push(format!("{recursive}{propagation:?}").to_lowercase());
+    }
+    options.extend(mount.tmpfs_options.iter().cloned());
+    format!(
+        "{source} {} {kind} {} # {why}",
+        mount.target.display(),
+        options.join(",")
+    )
 }
 
 /// The user's home directory, checked to be something we may bind.
@@ -122,6 +239,27 @@ mod tests {
     fn umount_elsewhere_is_kept_for_the_holder() {
         let plan = MountPlan::new(&spec("umount:/opt"), system()).unwrap();
         assert_eq!(targets(&plan.user), vec!["Umount:/opt"]);
+    }
+
+    #[test]
+    fn the_table_shows_each_mount_as_an_fstab_line() {
+        let mounts = parse_mounts("/data:/in:ro+noexec,tmpfs:/scratch").unwrap();
+        assert_eq!(
+            table_line(&mounts[0], "user"),
+            "/data /in bind ro,noexec # user"
+        );
+        assert!(
+            table_line(&mounts[1], "user").starts_with("tmpfs /scratch tmpfs rw"),
+            "{}",
+            table_line(&mounts[1], "user")
+        );
+        let step = RootStep::bind(MountSpec::same_path("/proc"), Origin::System);
+        assert_eq!(step.table_line(), "/proc /proc bind rw # system");
+        let link = RootStep::Symlink {
+            target: "/dev/fd".into(),
+            link: "/proc/self/fd".into(),
+        };
+        assert_eq!(link.table_line(), "/proc/self/fd /dev/fd symlink - # dev");
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
+use crate::container::mountplan::RootStep;
 use crate::container::safepath::{Kind, RootDir};
 use crate::container::spec::{MountKind, MountSpec, Propagation, UserIdentity, UserMount};
 
@@ -342,6 +343,30 @@ fn mount_tmpfs_at(target: BorrowedFd<'_>, mount: &UserMount) -> anyhow::Result<(
 /// inside `root`, read-only if asked. See [`apply`].
 pub fn bind_into(root: &RootDir, bind: &MountSpec) -> anyhow::Result<()> {
     apply(root, &UserMount::from(bind.clone()))
+}
+
+/// Makes one of a root holder's planned steps in `root`: a mount with
+/// [`apply`], or a symbolic link (created where the link's folder resolves
+/// inside the root, never through a link of the image's).
+pub fn make_root_step(root: &RootDir, step: &RootStep) -> anyhow::Result<()> {
+    match step {
+        RootStep::Mount { mount, context, .. } => apply(root, mount).with_context(|| {
+            context
+                .clone()
+                .unwrap_or_else(|| format!("cannot mount {}", step.table_line()))
+        }),
+        RootStep::Symlink { target, link } => {
+            let (Some(parent), Some(name)) = (target.parent(), target.file_name()) else {
+                bail!("cannot create the link {}: no folder", target.display());
+            };
+            let dir = root
+                .resolve(parent)
+                .with_context(|| format!("cannot open {} in the container", parent.display()))?;
+            let at = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name);
+            std::os::unix::fs::symlink(link, &at)
+                .with_context(|| format!("cannot create the link {}", target.display()))
+        }
+    }
 }
 
 /// Attributes to set on a new mount (mount_setattr(2) `MOUNT_ATTR_*` bits).

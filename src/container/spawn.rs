@@ -126,6 +126,7 @@ fn drive(
                 fuse_pids,
                 entrypoint,
                 warnings,
+                mount_table,
                 ..
             } => {
                 let user_ns = open_namespace(pid, "user")?;
@@ -145,6 +146,7 @@ fn drive(
                 let mut container = Container::new(user_ns, mount_ns, namespaces, spec, daemons);
                 container.set_entrypoint_outcome(entrypoint);
                 container.set_warnings(warnings);
+                container.set_mount_table(mount_table);
                 channel.send(&ToHolder::Release)?;
                 return Ok(container);
             }

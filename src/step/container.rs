@@ -118,8 +118,10 @@ fn save_root(save: &PendingSave, report: &dyn Report) -> anyhow::Result<()> {
 
 /// Tells what the container's start did: the holder's warnings (an image
 /// that could not be idmapped) to the user, one line each with the node's
-/// name; what the image ENTRYPOINT did to the log and, with
-/// `--container-entrypoint-log`, its output to the user.
+/// name; its mount table to the log at `log_level=debug`, one
+/// `mount SOURCE TARGET TYPE OPTIONS # WHY` line per mount; what the image
+/// ENTRYPOINT did to the log and, with `--container-entrypoint-log`, its
+/// output to the user.
 pub fn report_start(ctx: &StepContext, container: &Container) {
     if let Some(outcome) = container.entrypoint_outcome() {
         let (job, step) = (ctx.job, ctx.step);
@@ -138,6 +140,10 @@ pub fn report_start(ctx: &StepContext, container: &Container) {
                 ctx.report.user(&format!("entrypoint: {line}"));
             }
         }
+    }
+    for line in container.mount_table() {
+        ctx.report
+            .debug(&format!("job {} step {}: mount {line}", ctx.job, ctx.step));
     }
     for warning in container.warnings() {
         ctx.report

@@ -12,6 +12,10 @@
 //!    is mounted in the root; the cache lands in the overlay's tmpfs layer.
 //! 4. `/dev`: when devices are added or hidden, a tmpfs with binds of every
 //!    host `/dev` entry except the hidden ones, plus the added devices.
+//!
+//! Steps 2 and 4 are plans ([`RootStep`]s): the holder makes them with the
+//! one mount executor ([`crate::container::mounts::make_root_step`]) and
+//! shows them in its mount table.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -22,7 +26,7 @@ use anyhow::{bail, Context};
 use super::abi;
 use super::ldcache::LdCache;
 use super::{HostLibrary, Injection, LIB_DIR};
-use crate::container::mounts;
+use crate::container::mountplan::{Origin, RootStep};
 use crate::container::safepath::RootDir;
 use crate::container::spec::{MountKind, MountSpec, UserIdentity, UserMount};
 
@@ -32,49 +36,47 @@ const CACHE_LIMIT: u64 = 64 << 20;
 /// someone runs `ldconfig` inside the container.
 const LD_CONF: &str = "/etc/ld.so.conf.d/000-berth.conf";
 
-/// Steps 1 to 3: checks ABI, binds the libraries and files, updates the
-/// image's loader cache. Nothing happens for an injection without them.
-///
-/// `runner`: who runs `ldconfig` (the job's user, see
-/// [`super::ldconfig::runner_for`]) when the caller is root; `None` when the
-/// caller is the user already.
-pub fn inject_files(
-    root: &RootDir,
-    injection: &Injection,
-    runner: Option<&UserIdentity>,
-) -> anyhow::Result<()> {
+/// Steps 1 and 2: checks ABI and plans the binds of the libraries and
+/// files (the holder makes them, then calls [`register_libraries`]).
+/// Nothing for an injection without them.
+pub fn plan_files(root: &RootDir, injection: &Injection) -> anyhow::Result<Vec<RootStep>> {
     if injection.libraries.is_empty() && injection.files.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let cache = image_cache(root)?;
     check_mpi_abi(root, &cache, &injection.libraries)?;
+    let mut steps = Vec::new();
     for library in &injection.libraries {
-        let bind = |target: PathBuf| MountSpec {
-            source: library.host_path.clone(),
-            target,
-            read_only: true,
+        let bind = |target: PathBuf| {
+            RootStep::bind(
+                MountSpec {
+                    source: library.host_path.clone(),
+                    target,
+                    read_only: true,
+                },
+                Origin::Injected,
+            )
         };
-        mounts::bind_into(root, &bind(Path::new(LIB_DIR).join(&library.soname)))
-            .with_context(|| format!("cannot inject {} ({})", library.soname, library.origin))?;
+        steps.push(
+            bind(Path::new(LIB_DIR).join(&library.soname)).failing_with(format!(
+                "cannot inject {} ({})",
+                library.soname, library.origin
+            )),
+        );
         if let Some(own) = cache.lookup(&library.soname) {
             if root.resolve(own).is_ok() {
-                mounts::bind_into(root, &bind(own.to_path_buf())).with_context(|| {
-                    format!(
-                        "cannot put the host's {} over the image's {}",
-                        library.soname,
-                        own.display()
-                    )
-                })?;
+                steps.push(bind(own.to_path_buf()).failing_with(format!(
+                    "cannot put the host's {} over the image's {}",
+                    library.soname,
+                    own.display()
+                )));
             }
         }
     }
     for file in &injection.files {
-        mounts::bind_into(root, file)?;
+        steps.push(RootStep::bind(file.clone(), Origin::Injected));
     }
-    if !injection.libraries.is_empty() {
-        register_libraries(root, runner)?;
-    }
-    Ok(())
+    Ok(steps)
 }
 
 /// The image's loader cache; empty when the image has none (musl, scratch).
@@ -151,9 +153,18 @@ fn file_name(path: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// Step 3: registers [`LIB_DIR`] with the image's loader; `ldconfig` runs
-/// as `runner` (see [`super::ldconfig`]).
-fn register_libraries(root: &RootDir, runner: Option<&UserIdentity>) -> anyhow::Result<()> {
+/// Step 3, once the libraries are bound: registers [`LIB_DIR`] with the
+/// image's loader; `ldconfig` runs as `runner` (the job's user, see
+/// [`super::ldconfig::runner_for`]) when the caller is root; `None` when
+/// the caller is the user already. Nothing without injected libraries.
+pub fn register_libraries(
+    root: &RootDir,
+    injection: &Injection,
+    runner: Option<&UserIdentity>,
+) -> anyhow::Result<()> {
+    if injection.libraries.is_empty() {
+        return Ok(());
+    }
     if root.resolve(Path::new("/etc/ld.so.conf.d")).is_ok() {
         root.write_file(Path::new(LD_CONF), format!("{LIB_DIR}\n").as_bytes(), 0o644)
             .with_context(|| format!("cannot write {LD_CONF} in the container"))?;
@@ -161,12 +172,13 @@ fn register_libraries(root: &RootDir, runner: Option<&UserIdentity>) -> anyhow::
     super::ldconfig::rebuild_cache(root, &[Path::new(LIB_DIR)], runner)
 }
 
-/// Step 4: gives the container a `/dev` of its own, from `host_dev`.
-pub fn build_dev(root: &RootDir, host_dev: &Path, injection: &Injection) -> anyhow::Result<()> {
+/// Step 4: plans a `/dev` of the container's own, from `host_dev`: a tmpfs,
+/// a bind (or the same link) of every host entry but the hidden ones, and
+/// the added devices.
+pub fn plan_dev(host_dev: &Path, injection: &Injection) -> anyhow::Result<Vec<RootStep>> {
     let dev = Path::new("/dev");
-    mounts::apply(
-        root,
-        &UserMount {
+    let mut steps = vec![RootStep::Mount {
+        mount: UserMount {
             kind: MountKind::Tmpfs,
             source: PathBuf::from("tmpfs"),
             target: dev.to_path_buf(),
@@ -174,8 +186,9 @@ pub fn build_dev(root: &RootDir, host_dev: &Path, injection: &Injection) -> anyh
             flags: Default::default(),
             tmpfs_options: vec!["mode=0755".to_string()],
         },
-    )
-    .context("cannot give the container a /dev of its own")?;
+        origin: Origin::Dev,
+        context: Some("cannot give the container a /dev of its own".into()),
+    }];
     let mut entries: Vec<_> = std::fs::read_dir(host_dev)
         .with_context(|| format!("cannot list {}", host_dev.display()))?
         .filter_map(Result::ok)
@@ -195,27 +208,23 @@ pub fn build_dev(root: &RootDir, host_dev: &Path, injection: &Injection) -> anyh
         if meta.file_type().is_symlink() {
             let link = std::fs::read_link(&source)
                 .with_context(|| format!("cannot read the link {}", source.display()))?;
-            let dir = root
-                .resolve(dev)
-                .context("cannot open the container's /dev")?;
-            let at =
-                PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd())).join(entry.file_name());
-            std::os::unix::fs::symlink(&link, &at)
-                .with_context(|| format!("cannot create the link {}", target.display()))?;
+            steps.push(RootStep::Symlink { target, link });
             continue;
         }
-        mounts::bind_into(
-            root,
-            &MountSpec {
+        steps.push(RootStep::bind(
+            MountSpec {
                 source,
                 target,
                 read_only: false,
             },
-        )?;
+            Origin::Dev,
+        ));
     }
     for device in &injection.devices {
-        mounts::bind_into(root, device)
-            .with_context(|| format!("cannot add device {}", device.source.display()))?;
+        steps.push(
+            RootStep::bind(device.clone(), Origin::Device)
+                .failing_with(format!("cannot add device {}", device.source.display())),
+        );
     }
-    Ok(())
+    Ok(steps)
 }
