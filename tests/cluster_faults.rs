@@ -1620,3 +1620,58 @@ fn node_pulls_go_through_the_configured_proxy() {
     );
     f.assert_clean("pulls through a proxy");
 }
+
+/// `log_level=debug` on the plugstack line: slurmd's log shows the
+/// container's mount table, one fstab-like line per mount (the system binds
+/// and the user's mounts among them); at the default level it shows none.
+#[test]
+fn debug_log_shows_the_mount_table() {
+    let Some(f) = Faults::get() else { return };
+    let node = "node1";
+    let image = format!("--container-image={}", f.cluster.image("busybox:latest"));
+    let log_path = Path::new(&f.var("BERTH_TEST_LOG_DIR")).join(format!("slurmd-{node}.log"));
+    let start = || {
+        let run = f
+            .srun(&[
+                "-w",
+                node,
+                &image,
+                "--container-mounts=/tmp:/data:ro",
+                "sh",
+                "-c",
+                "echo $SLURM_JOB_ID",
+            ])
+            .ok();
+        run.stdout.trim().to_string()
+    };
+    let table_of = |job: &str| -> Vec<String> {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        log.lines()
+            .filter(|l| l.contains(&format!("job {job} step ")) && l.contains(": mount "))
+            .map(|l| l.split(": mount ").nth(1).unwrap_or_default().to_string())
+            .collect()
+    };
+    let quiet = start();
+    assert!(
+        table_of(&quiet).is_empty(),
+        "job {quiet}: a mount table at the default log level: {:?}",
+        table_of(&quiet)
+    );
+    let job = {
+        let _debug = PlugstackArgs::add(&f, "log_level=debug");
+        start()
+    };
+    let table = table_of(&job);
+    assert!(
+        table.iter().any(|l| l.ends_with("# system")),
+        "job {job}: no system bind in {}: {table:#?}",
+        log_path.display()
+    );
+    assert!(
+        table
+            .iter()
+            .any(|l| l.starts_with("/tmp /data bind ro") && l.ends_with("# user")),
+        "job {job}: the user's mount is not in the table: {table:#?}"
+    );
+    f.assert_clean("the debug mount table");
+}
