@@ -49,6 +49,9 @@ pub enum FromHolder {
         /// Things the user should know (the image could not be idmapped).
         #[serde(default)]
         warnings: Vec<String>,
+        /// Variables the site's hooks appended (`NAME=VALUE`), for every task.
+        #[serde(default)]
+        hook_env: Vec<String>,
     },
     /// Setup failed; `error` names the failing step and path.
     Failed {

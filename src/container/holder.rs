@@ -50,6 +50,7 @@ use crate::container::mountplan::MountPlan;
 use crate::container::mounts::{self, StagingPaths};
 use crate::container::netns;
 use crate::container::safepath::RootDir;
+use crate::container::sitehooks;
 use crate::container::spec::{ContainerSpec, Mode, Namespace, UserIdentity, UserMount};
 
 /// The first argument that makes the `berth` binary run [`holder_main`].
@@ -133,6 +134,12 @@ fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Resu
     let runner = crate::container::injection::ldconfig::runner_for(&spec.user);
     prepare_root(&image.root, spec, &plan, owner, Some(&runner))
         .context("preparing the root file system")?;
+    let mut plan = plan;
+    let mut warnings = image.warnings;
+    let hook_env = match &spec.site_hooks {
+        Some(hooks) => run_site_hooks(hooks, &image.root, spec, owner, &mut plan, &mut warnings)?,
+        None => Vec::new(),
+    };
     lock_user_mounts(&image.root, spec, &plan)?;
     let user = &spec.user;
     crate::privilege::become_user(user.uid, user.gid, &user.all_gids()).with_context(|| {
@@ -152,8 +159,35 @@ fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Resu
         &image.root,
         Locked::Yes,
         Vec::new(),
-        image.warnings,
+        warnings,
+        hook_env,
     )
+}
+
+/// Privileged stage 2b: the site's enroot hooks, as the user, on the
+/// prepared root; their mounts join the user's (mount points made now),
+/// their notes the warnings; returns their variables.
+fn run_site_hooks(
+    hooks: &sitehooks::SiteHooks,
+    root_path: &Path,
+    spec: &ContainerSpec,
+    owner: Option<(u32, u32)>,
+    plan: &mut MountPlan,
+    warnings: &mut Vec<String>,
+) -> anyhow::Result<Vec<String>> {
+    let work = Path::new(STAGING_DIR).join("hooks");
+    let appended = sitehooks::run_all(hooks, root_path, &spec.user, &work)?;
+    let mut root = open_root(root_path).context("mounting what the site hooks appended")?;
+    if let Some((uid, gid)) = owner {
+        root = root.owning_new_entries(uid, gid);
+    }
+    for mount in &appended.mounts {
+        mounts::create_user_mount_point(&root, mount, &spec.user)
+            .context("mounting what the site hooks appended")?;
+    }
+    plan.user.extend(appended.mounts);
+    warnings.extend(appended.notes);
+    Ok(appended.env)
 }
 
 /// Whether the user's mounts and the read-only root were made before the
@@ -208,7 +242,16 @@ fn build_unprivileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Re
     // stay in this mount namespace, and pivot_root happens in a new one.
     unshare(CloneFlags::CLONE_NEWNS)
         .context("cannot create the container's mount namespace (unshare CLONE_NEWNS)")?;
-    finish(channel, spec, &plan, &root, Locked::No, daemons, Vec::new())
+    finish(
+        channel,
+        spec,
+        &plan,
+        &root,
+        Locked::No,
+        daemons,
+        Vec::new(),
+        Vec::new(),
+    )
 }
 
 /// Enters a new mount namespace whose mounts are all private and returns
@@ -438,6 +481,7 @@ fn finish(
     locked: Locked,
     daemons: Vec<FuseMount>,
     warnings: Vec<String>,
+    hook_env: Vec<String>,
 ) -> anyhow::Result<()> {
     // The recursive bind keeps the locks of the mounts below (and of the
     // root's read-only flag), while pivot_root needs a top it may move.
@@ -479,6 +523,7 @@ fn finish(
         fuse_pids: daemons.iter().map(FuseMount::pid).collect(),
         entrypoint,
         warnings,
+        hook_env,
     })?;
     expect(channel, ToHolder::Release)?;
     for daemon in daemons {

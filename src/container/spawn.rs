@@ -126,6 +126,7 @@ fn drive(
                 fuse_pids,
                 entrypoint,
                 warnings,
+                hook_env,
                 ..
             } => {
                 let user_ns = open_namespace(pid, "user")?;
@@ -145,6 +146,7 @@ fn drive(
                 let mut container = Container::new(user_ns, mount_ns, namespaces, spec, daemons);
                 container.set_entrypoint_outcome(entrypoint);
                 container.set_warnings(warnings);
+                container.add_env(hook_env);
                 channel.send(&ToHolder::Release)?;
                 return Ok(container);
             }

@@ -84,6 +84,10 @@ pub struct ContainerSpec {
     /// are the container's. Privileged mode only.
     #[serde(default)]
     pub job_namespace: Option<PathBuf>,
+    /// The site's enroot hooks to run as the user on the built root, before
+    /// the user's mounts are locked (privileged mode only).
+    #[serde(default)]
+    pub site_hooks: Option<crate::container::sitehooks::SiteHooks>,
 }
 
 fn default_writable() -> bool {
@@ -152,6 +156,7 @@ impl ContainerSpec {
             sealed_image: None,
             injection: Default::default(),
             job_namespace: None,
+            site_hooks: None,
         }
     }
 

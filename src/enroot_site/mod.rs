@@ -17,7 +17,9 @@
 pub mod conf;
 pub mod environ;
 mod files;
-pub mod fstab;
+/// enroot's fstab parser lives in the container layer (the holder parses
+/// what site hooks append with it too).
+pub use crate::container::fstab;
 
 use std::path::Path;
 
