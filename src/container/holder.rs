@@ -159,8 +159,7 @@ fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Resu
         &image.root,
         Locked::Yes,
         Vec::new(),
-        warnings,
-        hook_env,
+        ForTasks { warnings, hook_env },
     )
 }
 
@@ -168,7 +167,7 @@ fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Resu
 /// prepared root; their mounts join the user's (mount points made now),
 /// their notes the warnings; returns their variables.
 fn run_site_hooks(
-    hooks: &sitehooks::SiteHooks,
+    hooks: &crate::container::spec::SiteHooks,
     root_path: &Path,
     spec: &ContainerSpec,
     owner: Option<(u32, u32)>,
@@ -249,8 +248,7 @@ fn build_unprivileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Re
         &root,
         Locked::No,
         daemons,
-        Vec::new(),
-        Vec::new(),
+        ForTasks::default(),
     )
 }
 
@@ -470,6 +468,15 @@ fn enter_user_namespace(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::
     Ok(())
 }
 
+/// What the building stages hand to the tasks through `Ready`.
+#[derive(Default)]
+struct ForTasks {
+    /// For the user: what did not go as asked.
+    warnings: Vec<String>,
+    /// Variables the site's hooks appended, for every task.
+    hook_env: Vec<String>,
+}
+
 /// Stage 5: the user's binds (with the user's own permissions), pivot_root,
 /// `Ready`; waits for `Release` while the FUSE daemons (if any) are still ours
 /// to stop on failure.
@@ -480,8 +487,7 @@ fn finish(
     root_path: &Path,
     locked: Locked,
     daemons: Vec<FuseMount>,
-    warnings: Vec<String>,
-    hook_env: Vec<String>,
+    told: ForTasks,
 ) -> anyhow::Result<()> {
     // The recursive bind keeps the locks of the mounts below (and of the
     // root's read-only flag), while pivot_root needs a top it may move.
@@ -522,8 +528,8 @@ fn finish(
         pid: std::process::id() as i32,
         fuse_pids: daemons.iter().map(FuseMount::pid).collect(),
         entrypoint,
-        warnings,
-        hook_env,
+        warnings: told.warnings,
+        hook_env: told.hook_env,
     })?;
     expect(channel, ToHolder::Release)?;
     for daemon in daemons {

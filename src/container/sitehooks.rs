@@ -18,34 +18,21 @@ use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use serde::{Deserialize, Serialize};
 
 use crate::container::fstab;
-use crate::container::spec::{UserIdentity, UserMount};
+use crate::container::spec::{SiteHooks, UserIdentity};
+use crate::container::usermount::UserMount;
 
 /// The most bytes of a hook's appended environment or mounts file read.
 const MAX_APPENDED: u64 = 1 << 20;
 
 /// The most bytes of a hook's standard error kept for the message.
 const STDERR_TAIL: usize = 2048;
-
-/// Which hooks to run, with what environment and limit.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SiteHooks {
-    /// The scripts, in the order enroot runs them (by name); run with
-    /// `/bin/bash SCRIPT` as enroot does.
-    pub scripts: Vec<PathBuf>,
-    /// The hooks' environment (`NAME=VALUE`): the job's, and enroot's
-    /// settings; `ENROOT_*` paths of this run are added.
-    pub env: Vec<String>,
-    /// Seconds each hook may run.
-    pub timeout_s: u64,
-}
 
 /// What the hooks appended.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -75,9 +62,8 @@ pub fn run_all(
     let environ = user_file(&environ_path, user)?;
     let mounts = user_file(&mounts_path, user)?;
     for script in &hooks.scripts {
-        let mut command = Command::new("/bin/bash");
+        let mut command = Command::new(script);
         command
-            .arg(script)
             .env_clear()
             .envs(hooks.env.iter().filter_map(|e| e.split_once('=')))
             .env("ENROOT_ROOTFS", rootfs)
@@ -166,9 +152,13 @@ fn run_one(mut command: Command, script: &Path, limit: Duration) -> anyhow::Resu
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| script.display().to_string());
-    let mut child = command
-        .spawn()
-        .with_context(|| format!("cannot start the site hook {name} (/bin/bash)"))?;
+    let mut child = command.spawn().with_context(|| {
+        format!(
+            "cannot start the site hook {name} ({}): it must be executable by the job's user \
+                 and name an interpreter that exists in its #! line",
+            script.display()
+        )
+    })?;
     let pgid = nix::unistd::Pid::from_raw(child.id() as i32);
     let mut stderr = child.stderr.take().context("no stderr pipe")?;
     set_nonblocking(&stderr);
