@@ -11,7 +11,8 @@
 //! [`crate::container::fstab`] (the rules of `mounts.d`), made with the
 //! user's permissions like `--container-mounts`. A hook that fails or runs
 //! past the limit fails the container with its name and the tail of its
-//! standard error; its process group is killed in any case.
+//! standard error; its process group is killed in any case, and so is
+//! what it left running outside the group (the holder is its subreaper).
 
 use std::fs::File;
 use std::io::Read;
@@ -30,6 +31,10 @@ use crate::container::usermount::UserMount;
 
 /// The most bytes of a hook's appended environment or mounts file read.
 const MAX_APPENDED: u64 = 1 << 20;
+
+/// How long to wait before looking at a hook again once its standard
+/// error is closed (it is ending, or closed it and runs on).
+const HUNG_UP_WAIT: Duration = Duration::from_millis(5);
 
 /// The most bytes of a hook's standard error kept for the message.
 const STDERR_TAIL: usize = 2048;
@@ -61,6 +66,7 @@ pub fn run_all(
     let mounts_path = work.join("fstab");
     let environ = user_file(&environ_path, user)?;
     let mounts = user_file(&mounts_path, user)?;
+    let _reaper = Reaper::start()?;
     for script in &hooks.scripts {
         let mut command = Command::new(script);
         command
@@ -76,7 +82,10 @@ pub fn run_all(
             .stderr(Stdio::piped())
             .process_group(0);
         crate::privilege::run_as_user(&mut command, user.uid, user.gid, user.all_gids());
-        run_one(command, script, Duration::from_secs(hooks.timeout_s))?;
+        let result = run_one(command, script, Duration::from_secs(hooks.timeout_s));
+        // A hook's daemon that left its process group (setsid) is ours now.
+        kill_orphans();
+        result?;
     }
     let lookup_env = hooks.env.clone();
     let lookup = move |name: &str| {
@@ -106,6 +115,51 @@ pub fn run_all(
         ));
     }
     Ok(appended)
+}
+
+/// The holder as the child subreaper while alive: what a hook leaves
+/// running outside its process group (a `setsid` daemon) becomes the
+/// holder's child when its parent ends, for [`kill_orphans`].
+struct Reaper;
+
+impl Reaper {
+    fn start() -> anyhow::Result<Reaper> {
+        // SAFETY: prctl with constant arguments changes only this process's flag.
+        if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+            return Err(std::io::Error::last_os_error())
+                .context("cannot make the holder the subreaper of the site hooks");
+        }
+        Ok(Reaper)
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        // SAFETY: as in `start`.
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) };
+    }
+}
+
+/// Kills and reaps every child of the holder (between hooks it has none of
+/// its own: the ones there are what hooks left), until none is left. A
+/// child is not reaped before it is killed, so its pid cannot be reused.
+fn kill_orphans() {
+    let children = format!("/proc/self/task/{}/children", std::process::id());
+    for _ in 0..1000 {
+        let pids: Vec<i32> = std::fs::read_to_string(&children)
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        if pids.is_empty() {
+            return;
+        }
+        for pid in pids {
+            let pid = nix::unistd::Pid::from_raw(pid);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::wait::waitpid(pid, None);
+        }
+    }
 }
 
 /// Creates `path` (new, 0600) for `user` to write, keeping root's descriptor.
@@ -212,8 +266,9 @@ fn wait_readable(file: &impl AsRawFd, timeout: Duration) {
     // SAFETY: one valid pollfd for the duration of the call.
     let ready = unsafe { libc::poll(&mut poll, 1, timeout.as_millis() as i32) };
     if ready > 0 && poll.revents & libc::POLLIN == 0 {
-        // The pipe's writers are gone (POLLHUP): poll would not wait again.
-        std::thread::sleep(timeout);
+        // The pipe's writers are gone (POLLHUP): poll would not wait again,
+        // and the hook is most likely ending; look again soon.
+        std::thread::sleep(timeout.min(HUNG_UP_WAIT));
     }
 }
 
