@@ -5,7 +5,8 @@
 //! `enroot.conf`'s settings); what they append reaches the tasks; a failing
 //! hook fails the step with its name and standard error in srun's output
 //! and drains no node; a hanging one is killed at `enroot_hook_timeout`;
-//! nothing is left behind. On the real test cluster, as root and as the
+//! nothing is left behind, not even a daemon a hook started in a session of
+//! its own. On the real test cluster, as root and as the
 //! ordinary test user.
 
 mod common;
@@ -316,17 +317,57 @@ fn a_hanging_hook_is_killed_at_the_time_limit() {
             result.stderr
         );
         assert!(took < Duration::from_secs(60), "{who:?}: took {took:?}");
-        let mut sleeping = String::new();
-        let gone = common::wait_for(Duration::from_secs(10), || {
-            sleeping = common::tool("ps", &["-eo", "pid,user,args"])
-                .lines()
-                .filter(|l| l.contains("sleep 7391"))
-                .collect::<Vec<_>>()
-                .join("\n");
-            sleeping.is_empty()
-        });
-        assert!(gone, "{who:?}: the hook's processes are left:\n{sleeping}");
+        let sleeping = processes_left("sleep 7391");
+        assert!(
+            sleeping.is_empty(),
+            "{who:?}: the hook's processes are left:\n{sleeping}"
+        );
         cluster.assert_nodes_healthy();
+        assert_nothing_left(&format!("{who:?}"));
+    }
+}
+
+/// The lines of `ps` whose command contains `needle`, once none is left
+/// (or after 10 s).
+fn processes_left(needle: &str) -> String {
+    let mut found = String::new();
+    common::wait_for(Duration::from_secs(10), || {
+        found = common::tool("ps", &["-eo", "pid,user,args"])
+            .lines()
+            .filter(|l| l.contains(needle))
+            .collect::<Vec<_>>()
+            .join("\n");
+        found.is_empty()
+    });
+    found
+}
+
+#[test]
+fn a_daemon_a_hook_leaves_in_its_own_session_is_killed() {
+    let cluster = cluster_or_skip!();
+    let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
+    let site = site_folder(
+        &cluster,
+        "daemon",
+        &[(
+            "70-daemon.sh",
+            "#!/bin/sh\nsetsid sleep 7392 </dev/null >/dev/null 2>&1 &\nexit 0\n",
+        )],
+    );
+    let _line = SiteLine::set(
+        &cluster,
+        &format!("enroot_config_path={}", site.0.display()),
+    );
+    for who in BOTH {
+        let out = cluster.shared_dir("hooks-daemon");
+        let _out_gone = Removed(out.clone());
+        let result = run(&cluster, who, &out, &["echo", "task-ran"]).ok();
+        assert_eq!(result.stdout.trim(), "task-ran", "{who:?}");
+        let left = processes_left("sleep 7392");
+        assert!(
+            left.is_empty(),
+            "{who:?}: the hook's daemon is left:\n{left}"
+        );
         assert_nothing_left(&format!("{who:?}"));
     }
 }
