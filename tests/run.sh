@@ -195,7 +195,7 @@ cargo build --release --locked --examples
 cargo test --release --locked --no-run --test package --test cluster_leftovers --test cluster_shared --test cluster_gpu
 cargo test --release --locked --no-fail-fast --lib --bins --test container_runtime --test container_join \
     --test store_cli --test cli --test cluster --test cluster_entry --test cluster_named --test umoci_equivalence --test fuzz_smoke --test security --test doctor \
-    --test cluster_mpi --test gpu_inject --test cluster_pull --test cluster_fanout --test cluster_pin --test cluster_faults --test cluster_private --test cluster_site --test cluster_shapes --test cluster_origin --test cluster_ipc --test security_mounts --test security_ldconfig --test security_store --test cluster_apt --test cluster_join --test cluster_relative_mounts --test cluster_userfile --test cluster_carried --test cluster_enroot_site --test cluster_archive -- --test-threads=2 || main_failed=1
+    --test cluster_mpi --test gpu_inject --test cluster_pull --test cluster_fanout --test cluster_pin --test cluster_faults --test cluster_private --test cluster_site --test cluster_shapes --test cluster_origin --test cluster_ipc --test security_mounts --test security_ldconfig --test security_store --test cluster_apt --test cluster_join --test cluster_relative_mounts --test cluster_userfile --test cluster_carried --test cluster_enroot_site --test cluster_enroot_hooks --test cluster_archive -- --test-threads=2 || main_failed=1
 if [[ -n $RELEASES ]]; then
     # From here on the 22.05 tests look at their own cluster only (the
     # leftover checks too), so the roots' clusters may run beside them.

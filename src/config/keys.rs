@@ -202,7 +202,13 @@ pub const KEYS: &[Key] = &[
         "enroot_config_path",
         Kind::Path(|c, v| c.enroot_config_path = v),
         "/etc/enroot",
-        "enroot's site configuration read where present (enroot.conf defaults, mounts.d, environ.d)",
+        "enroot's site configuration read where present (enroot.conf defaults, mounts.d, environ.d, hooks.d)",
+    ),
+    key(
+        "enroot_hook_timeout",
+        Kind::Seconds(1, 3600, |c, v| c.enroot_hook_timeout = v),
+        "60",
+        "seconds each site hook of enroot's hooks.d may run before it is killed and the step fails",
     ),
     key(
         "helper_path",

@@ -46,6 +46,9 @@ pub struct Config {
     /// enroot's site configuration folder, read where present
     /// ([`crate::enroot_site`]).
     pub enroot_config_path: PathBuf,
+    /// `enroot_hook_timeout=SECONDS`: how long each site hook of
+    /// `hooks.d` may run before it is killed and the step fails.
+    pub enroot_hook_timeout: Duration,
     /// Registries (`host[:port]`) reached over plain HTTP instead of HTTPS.
     pub insecure_registries: Vec<String>,
     /// Run the image ENTRYPOINT by default (pyxis: `execute_entrypoint`).
@@ -228,6 +231,7 @@ impl Default for Config {
             store_path: PathBuf::from(DEFAULT_STORE),
             runtime_dir: PathBuf::from(DEFAULT_RUNTIME_DIR),
             enroot_config_path: PathBuf::from("/etc/enroot"),
+            enroot_hook_timeout: Duration::from_secs(60),
             helper_path: default_helper(),
             insecure_registries: Vec::new(),
             execute_entrypoint: false,

@@ -52,6 +52,9 @@ pub enum FromHolder {
         /// What the holder mounted, one fstab-like line each, in order.
         #[serde(default)]
         mount_table: Vec<String>,
+        /// Variables the site's hooks appended (`NAME=VALUE`), for every task.
+        #[serde(default)]
+        hook_env: Vec<String>,
     },
     /// Setup failed; `error` names the failing step and path.
     Failed {

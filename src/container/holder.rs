@@ -51,6 +51,7 @@ use crate::container::mountplan::{self, MountPlan, Origin, RootStep};
 use crate::container::mounts::{self, StagingPaths};
 use crate::container::netns;
 use crate::container::safepath::RootDir;
+use crate::container::sitehooks;
 use crate::container::spec::{ContainerSpec, Mode, Namespace, UserIdentity, UserMount};
 
 /// The first argument that makes the `berth` binary run [`holder_main`].
@@ -134,6 +135,12 @@ fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Resu
     let runner = crate::container::injection::ldconfig::runner_for(&spec.user);
     let table = prepare_root(&image.root, spec, &plan, owner, Some(&runner))
         .context("preparing the root file system")?;
+    let mut plan = plan;
+    let mut warnings = image.warnings;
+    let hook_env = match &spec.site_hooks {
+        Some(hooks) => run_site_hooks(hooks, &image.root, spec, owner, &mut plan, &mut warnings)?,
+        None => Vec::new(),
+    };
     lock_user_mounts(&image.root, spec, &plan)?;
     let user = &spec.user;
     crate::privilege::become_user(user.uid, user.gid, &user.all_gids()).with_context(|| {
@@ -153,19 +160,38 @@ fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Resu
         &image.root,
         Locked::Yes,
         Vec::new(),
-        Report {
-            warnings: image.warnings,
+        ForTasks {
+            warnings,
+            hook_env,
             mount_table: table,
         },
     )
 }
 
-/// What the holder tells the caller with `Ready`, besides the container.
-struct Report {
-    /// For the user: why the image could not be mapped.
-    warnings: Vec<String>,
-    /// The mount table (fstab-like lines), for `log_level=debug`.
-    mount_table: Vec<String>,
+/// Privileged stage 2b: the site's enroot hooks, as the user, on the
+/// prepared root; their mounts join the user's (mount points made now),
+/// their notes the warnings; returns their variables.
+fn run_site_hooks(
+    hooks: &crate::container::spec::SiteHooks,
+    root_path: &Path,
+    spec: &ContainerSpec,
+    owner: Option<(u32, u32)>,
+    plan: &mut MountPlan,
+    warnings: &mut Vec<String>,
+) -> anyhow::Result<Vec<String>> {
+    let work = Path::new(STAGING_DIR).join("hooks");
+    let appended = sitehooks::run_all(hooks, root_path, &spec.user, &work)?;
+    let mut root = open_root(root_path).context("mounting what the site hooks appended")?;
+    if let Some((uid, gid)) = owner {
+        root = root.owning_new_entries(uid, gid);
+    }
+    for mount in &appended.mounts {
+        mounts::create_user_mount_point(&root, mount, &spec.user)
+            .context("mounting what the site hooks appended")?;
+    }
+    plan.user.extend(appended.mounts);
+    warnings.extend(appended.notes);
+    Ok(appended.env)
 }
 
 /// Whether the user's mounts and the read-only root were made before the
@@ -221,9 +247,9 @@ fn build_unprivileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Re
     // stay in this mount namespace, and pivot_root happens in a new one.
     unshare(CloneFlags::CLONE_NEWNS)
         .context("cannot create the container's mount namespace (unshare CLONE_NEWNS)")?;
-    let report = Report {
-        warnings: Vec::new(),
+    let report = ForTasks {
         mount_table,
+        ..ForTasks::default()
     };
     finish(channel, spec, &plan, &root, Locked::No, daemons, report)
 }
@@ -369,7 +395,7 @@ fn mount_image_with_fuse(spec: &ContainerSpec) -> anyhow::Result<(PathBuf, Vec<F
 /// With `owner` (uid, gid), what is created in the root gets that owner.
 /// `runner`: whom a root holder runs `ldconfig` as (`None`: ourselves, the
 /// unprivileged holder). Returns the mount table (fstab-like lines) of what
-/// it mounted and of the user's mounts still to come.
+/// it mounted.
 fn prepare_root(
     root_path: &Path,
     spec: &ContainerSpec,
@@ -417,7 +443,6 @@ fn prepare_root(
         mounts::make_root_step(&one_mount, &step)?;
         table.push(step.table_line());
     }
-    table.extend(plan.user.iter().map(|m| mountplan::table_line(m, "user")));
     Ok(table)
 }
 
@@ -456,6 +481,18 @@ fn enter_user_namespace(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::
     Ok(())
 }
 
+/// What the building stages hand to the tasks through `Ready`.
+#[derive(Default)]
+struct ForTasks {
+    /// For the user: what did not go as asked.
+    warnings: Vec<String>,
+    /// Variables the site's hooks appended, for every task.
+    hook_env: Vec<String>,
+    /// The mount table (fstab-like lines) of what was mounted as root, for
+    /// `log_level=debug`; [`finish`] adds the user's mounts.
+    mount_table: Vec<String>,
+}
+
 /// Stage 5: the user's binds (with the user's own permissions), pivot_root,
 /// `Ready`; waits for `Release` while the FUSE daemons (if any) are still ours
 /// to stop on failure.
@@ -466,7 +503,7 @@ fn finish(
     root_path: &Path,
     locked: Locked,
     daemons: Vec<FuseMount>,
-    report: Report,
+    told: ForTasks,
 ) -> anyhow::Result<()> {
     // The recursive bind keeps the locks of the mounts below (and of the
     // root's read-only flag), while pivot_root needs a top it may move.
@@ -503,12 +540,15 @@ fn finish(
         ),
         None => None,
     };
+    let mut mount_table = told.mount_table;
+    mount_table.extend(plan.user.iter().map(|m| mountplan::table_line(m, "user")));
     channel.send(&FromHolder::Ready {
         pid: std::process::id() as i32,
         fuse_pids: daemons.iter().map(FuseMount::pid).collect(),
         entrypoint,
-        warnings: report.warnings,
-        mount_table: report.mount_table,
+        warnings: told.warnings,
+        hook_env: told.hook_env,
+        mount_table,
     })?;
     expect(channel, ToHolder::Release)?;
     for daemon in daemons {

@@ -133,6 +133,12 @@ impl Container {
         &self.warnings
     }
 
+    /// Adds variables (`NAME=VALUE`) over the image's for every task (what
+    /// the site's hooks appended).
+    pub(crate) fn add_env(&mut self, env: Vec<String>) {
+        self.image_config.env.extend(env);
+    }
+
     pub(crate) fn set_entrypoint_outcome(&mut self, outcome: Option<EntrypointOutcome>) {
         self.entrypoint = outcome;
     }

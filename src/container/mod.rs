@@ -22,6 +22,8 @@
 //! namespace), `ipcns` (own `/dev/shm` and `/dev/mqueue` in a new IPC
 //! namespace), [`jobns`] (the job's namespace of `job_container/tmpfs`), `seccomp` (the remap-root filter),
 //! [`taskhooks`] (the PMIx and PyTorch variables of enroot's hooks),
+//! [`fstab`] (enroot's fstab lines), [`sitehooks`] (a site's enroot hooks,
+//! run as the user before the tasks start),
 //! [`save`] (`--container-save`: pack a root into a squashfs file),
 //! [`channel`] (messages to and from the holder), [`holder`] (the stages),
 //! `spawn` (the caller's side) and `join` (the [`Container`]).
@@ -30,6 +32,7 @@ pub mod channel;
 pub mod entrypoint;
 pub mod env;
 pub mod etcfiles;
+pub mod fstab;
 mod fuse;
 pub mod holder;
 pub mod idmap;
@@ -44,6 +47,7 @@ pub use crate::safepath;
 pub mod injection;
 pub mod save;
 mod seccomp;
+pub mod sitehooks;
 mod spawn;
 pub mod spec;
 pub mod taskhooks;

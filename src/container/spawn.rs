@@ -127,6 +127,7 @@ fn drive(
                 entrypoint,
                 warnings,
                 mount_table,
+                hook_env,
                 ..
             } => {
                 let user_ns = open_namespace(pid, "user")?;
@@ -147,6 +148,7 @@ fn drive(
                 container.set_entrypoint_outcome(entrypoint);
                 container.set_warnings(warnings);
                 container.set_mount_table(mount_table);
+                container.add_env(hook_env);
                 channel.send(&ToHolder::Release)?;
                 return Ok(container);
             }

@@ -84,6 +84,24 @@ pub struct ContainerSpec {
     /// are the container's. Privileged mode only.
     #[serde(default)]
     pub job_namespace: Option<PathBuf>,
+    /// The site's enroot hooks to run as the user on the built root, before
+    /// the user's mounts are locked (privileged mode only).
+    #[serde(default)]
+    pub site_hooks: Option<SiteHooks>,
+}
+
+/// The site's enroot hooks to run (by [`crate::container::sitehooks`]),
+/// with what environment and limit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SiteHooks {
+    /// The scripts, in the order enroot runs them (by name); each is
+    /// executed itself (its `#!` line names the interpreter), as enroot does.
+    pub scripts: Vec<PathBuf>,
+    /// The hooks' environment (`NAME=VALUE`): the job's, and enroot's
+    /// settings; `ENROOT_*` paths of this run are added.
+    pub env: Vec<String>,
+    /// Seconds each hook may run.
+    pub timeout_s: u64,
 }
 
 fn default_writable() -> bool {
@@ -152,6 +170,7 @@ impl ContainerSpec {
             sealed_image: None,
             injection: Default::default(),
             job_namespace: None,
+            site_hooks: None,
         }
     }
 

@@ -2,7 +2,9 @@
 //! lines, of which enroot takes the names `ENROOT_*`, `MELLANOX_*`,
 //! `NVIDIA_*`, `SSL_CERT_DIR`, `SSL_CERT_FILE` and the proxy variables; a
 //! later file wins. berth takes the defaults pyxis users see
-//! ([`Defaults`]); every other name set is listed as not used.
+//! ([`Defaults`]); every other name set is listed as not used. All of them
+//! are kept as `NAME=VALUE` for the site's hooks, which enroot runs with
+//! its settings in their environment.
 
 /// The container defaults of a site's enroot configuration; `None`: not set
 /// there (berth's own default applies). An option on the job wins.
@@ -16,15 +18,28 @@ pub struct Defaults {
     pub rootfs_writable: Option<bool>,
 }
 
-/// Reads one configuration file's `text` into `defaults`; the names set
-/// that berth does not use go to `unused` (once each), values it cannot
-/// take as written to `notes`.
-pub fn parse(
-    text: &str,
-    defaults: &mut Defaults,
-    unused: &mut Vec<String>,
-    notes: &mut Vec<String>,
-) {
+/// What the configuration files set.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Read {
+    /// The container defaults.
+    pub defaults: Defaults,
+    /// The names set that berth does not use itself (once each).
+    pub unused: Vec<String>,
+    /// Every name set, as `NAME=VALUE` (a later line replaces an earlier
+    /// one), for the site's hooks.
+    pub settings: Vec<String>,
+    /// Values berth cannot take as written.
+    pub notes: Vec<String>,
+}
+
+/// Reads one configuration file's `text` into `read`.
+pub fn parse(text: &str, read: &mut Read) {
+    let Read {
+        defaults,
+        unused,
+        settings,
+        notes,
+    } = read;
     for line in text.lines() {
         let line = line.trim_start_matches([' ', '\t']);
         let end = line.find([' ', '\t', '=']).unwrap_or(line.len());
@@ -33,6 +48,8 @@ pub fn parse(
             continue;
         }
         let value = unquote(rest.trim_start_matches([' ', '\t', '=']).trim_end());
+        settings.retain(|s| s.split_once('=').is_none_or(|(n, _)| n != name));
+        settings.push(format!("{name}={value}"));
         if value.contains(['$', '`']) {
             notes.push(format!(
                 "{name}: berth does not evaluate shell text ({value})"
@@ -107,8 +124,14 @@ mod tests {
                     ENROOT_CACHE_PATH ${HOME}/.cache\n\
                     MELLANOX_VISIBLE_DEVICES all\n\
                     OTHER_NAME 1\n";
-        let (mut defaults, mut unused, mut notes) = (Defaults::default(), vec![], vec![]);
-        parse(text, &mut defaults, &mut unused, &mut notes);
+        let mut read = Read::default();
+        parse(text, &mut read);
+        let Read {
+            defaults,
+            unused,
+            settings,
+            notes,
+        } = read;
         assert_eq!(
             defaults,
             Defaults {
@@ -125,36 +148,31 @@ mod tests {
                 "MELLANOX_VISIBLE_DEVICES"
             ]
         );
+        assert_eq!(
+            settings,
+            [
+                "ENROOT_MOUNT_HOME=yes",
+                "ENROOT_ROOTFS_WRITABLE=no",
+                "ENROOT_SQUASH_OPTIONS=-comp lzo -noD",
+                "ENROOT_CACHE_PATH=${HOME}/.cache",
+                "MELLANOX_VISIBLE_DEVICES=all"
+            ]
+        );
         assert_eq!(notes.len(), 1, "{notes:?}");
         assert!(notes[0].starts_with("ENROOT_CACHE_PATH"), "{notes:?}");
     }
 
     #[test]
     fn a_later_file_wins_and_false_is_enroots_false() {
-        let mut defaults = Defaults::default();
-        let (mut unused, mut notes) = (vec![], vec![]);
-        parse(
-            "ENROOT_REMAP_ROOT y\n",
-            &mut defaults,
-            &mut unused,
-            &mut notes,
-        );
-        assert_eq!(defaults.remap_root, Some(true));
+        let mut read = Read::default();
+        parse("ENROOT_REMAP_ROOT y\n", &mut read);
+        assert_eq!(read.defaults.remap_root, Some(true));
         for off in ["n", "No", "FALSE", "f", "''"] {
-            parse(
-                &format!("ENROOT_REMAP_ROOT {off}\n"),
-                &mut defaults,
-                &mut unused,
-                &mut notes,
-            );
-            assert_eq!(defaults.remap_root, Some(false), "{off}");
+            parse(&format!("ENROOT_REMAP_ROOT {off}\n"), &mut read);
+            assert_eq!(read.defaults.remap_root, Some(false), "{off}");
         }
-        parse(
-            "ENROOT_REMAP_ROOT 1\n",
-            &mut defaults,
-            &mut unused,
-            &mut notes,
-        );
-        assert_eq!(defaults.remap_root, Some(true));
+        parse("ENROOT_REMAP_ROOT 1\n", &mut read);
+        assert_eq!(read.defaults.remap_root, Some(true));
+        assert_eq!(read.settings, ["ENROOT_REMAP_ROOT=1"]);
     }
 }

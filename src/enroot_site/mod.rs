@@ -3,7 +3,8 @@
 //! folder `enroot_config_path` (default `/etc/enroot`), `enroot.conf` and
 //! `enroot.conf.d/*.conf` (the container defaults pyxis users see:
 //! [`conf::Defaults`]), `mounts.d/*.fstab` (site binds and tmpfs:
-//! [`fstab`]) and `environ.d/*.env` (variables: [`environ`]).
+//! [`fstab`]), `environ.d/*.env` (variables: [`environ`]) and
+//! `hooks.d/*.sh` (the site's hooks, run by the holder: [`hooks`]).
 //!
 //! Owns: reading and parsing those files into typed data. The plugin
 //! applies it when it builds a step's container spec: an option on the job
@@ -17,7 +18,10 @@
 pub mod conf;
 pub mod environ;
 mod files;
-pub mod fstab;
+pub mod hooks;
+/// enroot's fstab parser lives in the container layer (the holder parses
+/// what site hooks append with it too).
+pub use crate::container::fstab;
 
 use std::path::Path;
 
@@ -34,6 +38,10 @@ pub struct EnrootSite {
     pub env: Vec<String>,
     /// `enroot.conf` names berth does not use.
     pub unused: Vec<String>,
+    /// Every `enroot.conf` setting (`NAME=VALUE`), for the hooks.
+    pub settings: Vec<String>,
+    /// The hooks of `hooks.d`.
+    pub hooks: hooks::Listed,
     /// `mounts.d` targets berth makes itself.
     pub left_to_berth: Vec<String>,
     /// Files and lines left out, and why.
@@ -60,11 +68,16 @@ impl EnrootSite {
         }
         let mut conf_files = vec![dir.join("enroot.conf")];
         conf_files.extend(files::listed(&dir.join("enroot.conf.d"), ".conf"));
+        let mut read = conf::Read::default();
         for path in conf_files {
             if let Some(text) = site.read(&path) {
-                conf::parse(&text, &mut site.defaults, &mut site.unused, &mut site.notes);
+                conf::parse(&text, &mut read);
             }
         }
+        site.defaults = read.defaults;
+        site.unused = read.unused;
+        site.settings = read.settings;
+        site.notes.extend(read.notes);
         let mut parsed = fstab::Parsed::default();
         for path in site.listed(&dir.join("mounts.d"), ".fstab") {
             if let Some(text) = site.read(&path) {
@@ -84,6 +97,12 @@ impl EnrootSite {
             if let Some(text) = site.read(&path) {
                 site.env.extend(environ::parse(&text, lookup));
             }
+        }
+        let hooks_dir = dir.join("hooks.d");
+        match files::trusted_dir(&hooks_dir) {
+            Ok(true) => site.hooks = hooks::list(&hooks_dir, &mut site.notes),
+            Ok(false) => {}
+            Err(why) => site.notes.push(why),
         }
         site
     }
@@ -128,6 +147,7 @@ impl EnrootSite {
                 self.left_to_berth.join(", ")
             ));
         }
+        parts.extend(self.hooks.skipped_line());
         parts.extend(self.notes.iter().cloned());
         (!parts.is_empty()).then(|| format!("{}: {}", dir.display(), parts.join("; ")))
     }

@@ -125,3 +125,50 @@ fn a_missing_folder_gives_nothing() {
     assert_eq!(site, EnrootSite::default());
     assert_eq!(site.summary(Path::new("/x")), None);
 }
+
+#[test]
+fn hooks_d_gives_the_sites_executable_root_hooks_and_leaves_enroots_out_by_name() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let dir = site_folder();
+    let hooks = dir.path().join("hooks.d");
+    for (name, mode) in [
+        ("50-site.sh", 0o755),
+        ("20-early.sh", 0o700),
+        ("30-plain.sh", 0o644),
+        ("40-open.sh", 0o777),
+        ("98-nvidia.sh", 0o755),
+        ("99-mellanox.sh", 0o755),
+        ("README", 0o755),
+    ] {
+        write(&hooks.join(name), "#!/bin/sh\n", mode);
+    }
+    std::os::unix::fs::symlink(hooks.join("50-site.sh"), hooks.join("60-link.sh")).unwrap();
+    let site = load(dir.path());
+    assert_eq!(
+        site.hooks.scripts,
+        [hooks.join("20-early.sh"), hooks.join("50-site.sh")]
+    );
+    assert_eq!(site.hooks.built_in, ["98-nvidia.sh"]);
+    assert_eq!(site.hooks.not_supported, ["99-mellanox.sh"]);
+    assert_eq!(
+        site.settings,
+        [
+            "ENROOT_REMAP_ROOT=yes",
+            "ENROOT_ZSTD_OPTIONS=-1",
+            "ENROOT_MOUNT_HOME=y"
+        ]
+    );
+    let line = site.summary(dir.path()).unwrap();
+    for part in [
+        "enroot's hooks not run, berth does their work: 98-nvidia.sh",
+        "not supported by berth yet: 99-mellanox.sh",
+        "30-plain.sh is not run: not executable",
+        "40-open.sh is not run: it must be root's and writable by root only",
+        "60-link.sh is not run: no regular file",
+    ] {
+        assert!(line.contains(part), "{part}: {line}");
+    }
+    assert!(!line.contains("README"), "{line}");
+}

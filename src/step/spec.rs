@@ -178,6 +178,13 @@ pub fn build_spec(
         .unwrap_or(true);
     spec.mount_home = request.mount_home.or(defaults.mount_home).unwrap_or(false);
     spec.remap_root = request.remap_root.or(defaults.remap_root).unwrap_or(false);
+    if !site.hooks.scripts.is_empty() {
+        spec.site_hooks = Some(crate::container::spec::SiteHooks {
+            scripts: site.hooks.scripts,
+            env: hook_env(&site.settings, &ctx.job_env, &spec),
+            timeout_s: ctx.config.enroot_hook_timeout.as_secs(),
+        });
+    }
     if let Some(list) = &request.unshare {
         spec.unshare = list.value.clone();
     }
@@ -193,6 +200,39 @@ pub fn build_spec(
         spec.entrypoint = entrypoint_run(&stored.config, &ctx.job_env, &request.keep_env);
     }
     Ok(spec)
+}
+
+/// The environment of the site's hooks, as enroot gives it: its settings
+/// from `enroot.conf` under the job's environment (enroot's environment
+/// wins over its files), and the three container settings pyxis passes as
+/// `ENROOT_MOUNT_HOME`, `ENROOT_REMAP_ROOT`, `ENROOT_ROOTFS_WRITABLE`
+/// (`y` when on, unset when off), taken from `spec`.
+pub(super) fn hook_env(
+    settings: &[String],
+    job_env: &[String],
+    spec: &ContainerSpec,
+) -> Vec<String> {
+    let flags = [
+        ("ENROOT_MOUNT_HOME", spec.mount_home),
+        ("ENROOT_REMAP_ROOT", spec.remap_root),
+        ("ENROOT_ROOTFS_WRITABLE", spec.writable),
+    ];
+    let name_of = |entry: &str| entry.split_once('=').map(|(n, _)| n.to_string());
+    let mut env: Vec<String> = Vec::new();
+    for entry in settings.iter().chain(job_env) {
+        if let Some(name) = name_of(entry) {
+            env.retain(|e| name_of(e).as_deref() != Some(name.as_str()));
+            env.push(entry.clone());
+        }
+    }
+    env.retain(|e| !flags.iter().any(|(n, _)| name_of(e).as_deref() == Some(*n)));
+    env.extend(
+        flags
+            .iter()
+            .filter(|(_, on)| *on)
+            .map(|(name, _)| format!("{name}=y")),
+    );
+    env
 }
 
 /// What to save for a container built from `spec` whose changes live in

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use super::context::{FanoutStep, StepContext};
 use super::named::scope_of;
 use super::report::Recorded;
-use super::spec::{build_spec, image_spec, save_target, ImageSpec, SpecError};
+use super::spec::{build_spec, hook_env, image_spec, save_target, ImageSpec, SpecError};
 use super::*;
 use crate::config::{Config, ContainerScope, FanoutMode};
 use crate::container::spec::{parse_mounts, Namespace, UserIdentity};
@@ -296,4 +296,35 @@ fn a_steps_spec_applies_the_options_and_their_defaults() {
         "{e:#}"
     );
     assert!(report.at("info").is_empty(), "nothing injected");
+}
+
+#[test]
+fn site_hooks_get_enroots_settings_under_the_job_env_and_the_container_flags() {
+    let mut spec = crate::container::spec::ContainerSpec::new(
+        "/images/a.sqfs".into(),
+        ImageConfig::default(),
+        user(),
+    );
+    spec.mount_home = true;
+    spec.remap_root = false;
+    spec.writable = true;
+    let settings = [
+        "ENROOT_SQUASH_OPTIONS=-comp lzo".to_string(),
+        "ENROOT_CACHE_PATH=/site/cache".to_string(),
+        "ENROOT_REMAP_ROOT=yes".to_string(),
+    ];
+    let job = [
+        "PATH=/usr/bin".to_string(),
+        "ENROOT_CACHE_PATH=/job/cache".to_string(),
+    ];
+    assert_eq!(
+        hook_env(&settings, &job, &spec),
+        [
+            "ENROOT_SQUASH_OPTIONS=-comp lzo",
+            "PATH=/usr/bin",
+            "ENROOT_CACHE_PATH=/job/cache",
+            "ENROOT_MOUNT_HOME=y",
+            "ENROOT_ROOTFS_WRITABLE=y",
+        ]
+    );
 }
