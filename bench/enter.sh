@@ -69,7 +69,7 @@ tests/harness/cluster.sh up >/dev/null
 tests/harness/images.sh push busybox >/dev/null
 source "/run/$BERTH_TEST_NAME/env"
 cd "$BERTH_TEST_WORKDIR"
-dropin=$BERTH_PLUGSTACK_DIR/berth.conf
+dropin=$BERTH_TEST_PLUGSTACK_DIR/berth.conf
 [[ -f $dropin ]] || { echo "bench/enter.sh: no plugstack drop-in $dropin" >&2; exit 1; }
 exec_line=$(cat "$dropin")
 join_line=${exec_line//$exec_prefix/$join_prefix}
