@@ -17,6 +17,10 @@
 # against this machine's glibc run on the roots' newer one. The target folder
 # must lie inside the checkout, which the root sees at the same path.
 #
+# The same build is packaged here too (packaging/deb.sh, two versions, into
+# CARGO_TARGET_DIR/slurm-SUITE/debs): the root's core suite installs the
+# release's package and upgrades it under a running job (tests/package.rs).
+#
 # BERTH_RELEASE_PARALLEL=1 runs the roots at once (tests/run.sh does), each
 # line of output prefixed with its release; the default is one after the other.
 #
