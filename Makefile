@@ -6,6 +6,10 @@
 #                             TARGET_DIR, without running cargo (tests/release.sh)
 #   make install PREFIX=/opt/berth PLUGSTACK_DIR=/etc/slurm/plugstack.conf.d
 #   make deb                  a Debian package in target/debian (packaging/deb.sh)
+#   make rpm                  an RPM in target/rpm (packaging/rpm.sh, packaging/berth.spec)
+#
+# Both package for the Slurm whose headers berth is built against:
+# SLURM_INCLUDE_DIR (default /usr/include), passed on to cargo.
 #
 # PLUGSTACK_DIR, when set, also receives the drop-in (berth.conf), rewritten
 # for PREFIX. DESTDIR is honoured for packaging.
@@ -24,7 +28,7 @@ TARGET_DIR    ?= target
 PULL_USER     ?= berth
 
 
-.PHONY: all build install install-built uninstall deb test clean
+.PHONY: all build install install-built uninstall deb rpm test clean
 
 all: build
 
@@ -52,6 +56,9 @@ install-built:
 
 deb:
 	TARGET_DIR=$(TARGET_DIR) packaging/deb.sh
+
+rpm:
+	TARGET_DIR=$(TARGET_DIR) packaging/rpm.sh
 
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/berth $(DESTDIR)$(PLUGINDIR)/spank_berth.so $(DESTDIR)$(DATADIR)/berth.conf

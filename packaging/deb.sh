@@ -16,8 +16,23 @@
 # one and renames it into place, so a slurmstepd that has the old plugin mapped
 # and a running `berth` helper keep their old files; new steps load the new ones.
 #
+# One package per Slurm release: the Depends line names the release of the
+# headers berth is built against, SLURM_INCLUDE_DIR/slurm/slurm_version.h
+# (as build.rs reads them; default /usr/include). Debian's 22.05 (bookworm),
+# 24.11 (trixie) and 26.05 (sid) all keep their plugins in
+# /usr/lib/<multiarch>/slurm-wlm. For another release's root, build there
+# first and package the result here (tests/release.sh does):
+#
+#   SLURM_INCLUDE_DIR=target/slurm-trixie/include TARGET_DIR=target/slurm-trixie packaging/deb.sh
+#
+# BERTH_DEB_FLAVOUR=smd packages for SchedMD's own Debian packages instead:
+# Depends on slurm-smd of the release, the plugin in /usr/lib/<multiarch>/slurm
+# (their debian/rules configures with the default libdir).
+#
 # Environment: BERTH_DEB_VERSION (default: Cargo.toml's version),
-# TARGET_DIR (cargo target folder, default target).
+# TARGET_DIR (cargo target folder, default target), SLURM_INCLUDE_DIR,
+# BERTH_DEB_FLAVOUR (debian, the default, or smd), BERTH_DEB_PREBUILT=1
+# (package what TARGET_DIR holds, without running cargo).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -25,9 +40,14 @@ out=${1:-$repo/target/debian}
 version=${BERTH_DEB_VERSION:-$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/Cargo.toml" | head -1)}
 arch=$(dpkg --print-architecture)
 multiarch=$(gcc -print-multiarch 2>/dev/null || echo "$(uname -m)-linux-gnu")
-plugindir=/usr/lib/$multiarch/slurm-wlm
-number=$(sed -n 's/^#define SLURM_VERSION_NUMBER \(0x[0-9a-fA-F]*\)/\1/p' /usr/include/slurm/slurm_version.h)
-[[ -n $number ]] || { echo "deb.sh: no SLURM_VERSION_NUMBER in /usr/include/slurm/slurm_version.h (install libslurm-dev)" >&2; exit 1; }
+case ${BERTH_DEB_FLAVOUR:-debian} in
+debian) plugindir=/usr/lib/$multiarch/slurm-wlm slurm_package=slurm-wlm-basic-plugins ;;
+smd) plugindir=/usr/lib/$multiarch/slurm slurm_package=slurm-smd ;;
+*) echo "deb.sh: BERTH_DEB_FLAVOUR must be debian or smd (got '$BERTH_DEB_FLAVOUR')" >&2; exit 2 ;;
+esac
+header=${SLURM_INCLUDE_DIR:-/usr/include}/slurm/slurm_version.h
+number=$(sed -n 's/^#define SLURM_VERSION_NUMBER \(0x[0-9a-fA-F]*\)/\1/p' "$header" 2>/dev/null || true)
+[[ -n $number ]] || { echo "deb.sh: no SLURM_VERSION_NUMBER in $header (install libslurm-dev, or set SLURM_INCLUDE_DIR to the headers berth is built against)" >&2; exit 1; }
 slurm_major=$((number >> 16 & 0xff))
 slurm_minor=$(printf '%02d' $((number >> 8 & 0xff)))
 next_minor=$(printf "%02d" $(((number >> 8 & 0xff) + 1)))
@@ -36,7 +56,9 @@ slurm=$slurm_major.$slurm_minor.$((number & 0xff))
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-make -C "$repo" --no-print-directory install DESTDIR="$stage/root" PREFIX=/usr \
+install=install
+[[ ${BERTH_DEB_PREBUILT:-0} != 1 ]] || install=install-built
+make -C "$repo" --no-print-directory "$install" DESTDIR="$stage/root" PREFIX=/usr \
     PLUGINDIR="$plugindir" PLUGSTACK_DIR=/etc/slurm/plugstack.conf.d \
     TARGET_DIR="${TARGET_DIR:-$repo/target}" >&2
 root=$stage/root
@@ -52,7 +74,7 @@ Version: $version
 Architecture: $arch
 Maintainer: berth developers <berth@localhost>
 Installed-Size: $size
-Depends: passwd, squashfs-tools-ng, slurm-wlm-basic-plugins (>= $slurm_major.$slurm_minor), slurm-wlm-basic-plugins (<< $slurm_major.$next_minor)
+Depends: passwd, squashfs-tools-ng, $slurm_package (>= $slurm_major.$slurm_minor), $slurm_package (<< $slurm_major.$next_minor)
 Recommends: squashfuse, fuse-overlayfs
 Section: admin
 Priority: optional

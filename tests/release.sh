@@ -17,6 +17,10 @@
 # against this machine's glibc run on the roots' newer one. The target folder
 # must lie inside the checkout, which the root sees at the same path.
 #
+# The same build is packaged here too (packaging/deb.sh, two versions, into
+# CARGO_TARGET_DIR/slurm-SUITE/debs): the root's core suite installs the
+# release's package and upgrades it under a running job (tests/package.rs).
+#
 # BERTH_RELEASE_PARALLEL=1 runs the roots at once (tests/run.sh does), each
 # line of output prefixed with its release; the default is one after the other.
 #
@@ -94,9 +98,21 @@ build_berth() {
     SLURM_INCLUDE_DIR=$dir/include cargo build --release --locked --target-dir "$dir"
 }
 
+# build_debs SUITE: two versions of SUITE's Debian package, here, from what
+# build_berth built (the package test installs and upgrades them in the root);
+# prints FIRST.deb:SECOND.deb.
+build_debs() {
+    local suite=$1 dir=$target/slurm-$1 first second
+    rm -rf "$dir/debs"
+    first=$(BERTH_DEB_PREBUILT=1 SLURM_INCLUDE_DIR=$dir/include BERTH_DEB_VERSION=0.1.0~ci1 TARGET_DIR=$dir packaging/deb.sh "$dir/debs/1")
+    second=$(BERTH_DEB_PREBUILT=1 SLURM_INCLUDE_DIR=$dir/include BERTH_DEB_VERSION=0.1.0~ci2 TARGET_DIR=$dir packaging/deb.sh "$dir/debs/2")
+    log "$suite: Debian packages, Depends: $(dpkg-deb -f "$first" Depends)" >&2
+    echo "$first:$second"
+}
+
 # run_suite SUITE: the core suite inside SUITE's root.
 run_suite() {
-    local suite=$1 index name prolog=harness t0=$SECONDS
+    local suite=$1 index name prolog=harness t0=$SECONDS debs
     case $suite in
     # Both run the harness's TaskProlog: on 23.11 and later berth's tasks
     # enter the container by exec, after Slurm ran the TaskProlog on the host
@@ -108,8 +124,9 @@ run_suite() {
     ((base == 20)) || name+=-$base
     tests/harness/release-root.sh "$suite" build
     build_berth "$suite"
+    debs=$(build_debs "$suite")
     tests/harness/release-root.sh "$suite" enter env \
-        BERTH_TEST_NAME="$name" BERTH_TEST_SUITE=core BERTH_TEST_TASK_PROLOG=$prolog \
+        BERTH_TEST_NAME="$name" BERTH_TEST_DEBS="$debs" BERTH_TEST_SUITE=core BERTH_TEST_TASK_PROLOG=$prolog \
         BERTH_TEST_SITE="$site" BERTH_TEST_CONTAIN_SPANK="$contain_spank" \
         BERTH_TEST_SUBNET="10.77.$index" BERTH_TEST_SLOT=0 \
         BERTH_TEST_SLURMCTLD_PORT=$((16817 + 100 * index)) BERTH_TEST_SLURMD_PORT=$((16818 + 100 * index)) \

@@ -184,6 +184,10 @@ if [[ $SUITE == core ]]; then
         log "GPU site: $(grep -E '^(SlurmdParameters|JobContainerType|NamespaceType)=' "$SLURM_CONF_FILE" | tr '\n' ' ')"
         core_run "${CORE_GPU_TESTS[@]}" -- --test-threads=2 || failed+=("${CORE_GPU_TESTS[*]}")
     fi
+    if [[ -n ${BERTH_TEST_DEBS:-} ]]; then
+        log "Debian package of this release: installed and upgraded under a running job (alone)"
+        core_run "$CORE_PACKAGE" -- || failed+=("$CORE_PACKAGE")
+    fi
     log "leftover check (alone, after every other test)"
     core_run "$CORE_LAST" -- || failed+=("$CORE_LAST")
     ((${#failed[@]} == 0)) || { echo "[tests] FAILED (core suite): ${failed[*]}" >&2; exit 1; }
@@ -212,12 +216,15 @@ fi
 [[ -z ${main_failed:-} ]] || { echo "[tests] FAILED: the unit and integration tests (above)" >&2; exit 1; }
 log "shared store (alone: it points the drop-in at a shared store)"
 cargo test --release --locked --test cluster_shared
-log "Debian package: two versions, installed and upgraded under a running job (alone: it switches the drop-in)"
+log "Debian package: two versions, installed and upgraded under a running job (alone: it switches the drop-in); the RPM's contents"
 debs=$STATE/debs
 rm -rf "$debs"
 deb1=$(BERTH_DEB_VERSION=0.1.0~ci1 TARGET_DIR="$CARGO_TARGET_DIR" packaging/deb.sh "$debs/1")
 deb2=$(BERTH_DEB_VERSION=0.1.0~ci2 TARGET_DIR="$CARGO_TARGET_DIR" packaging/deb.sh "$debs/2")
-BERTH_TEST_DEBS=$deb1:$deb2 cargo test --release --locked --test package
+# The RPM (packaging/berth.spec) from the same build: rpmbuild compiles nothing.
+rpm=$(BERTH_RPM_NODEPS=1 TARGET_DIR="$CARGO_TARGET_DIR" packaging/rpm.sh "$STATE/rpm" 2>"$STATE/rpmbuild.log") ||
+    { cat "$STATE/rpmbuild.log" >&2; echo "[tests] FAILED: packaging/rpm.sh" >&2; exit 1; }
+BERTH_TEST_DEBS=$deb1:$deb2 BERTH_TEST_RPM=$rpm cargo test --release --locked --test package
 log "leftover check (alone, after every other test)"
 cargo test --release --locked --test cluster_leftovers
 log "GPU site: the cluster again with proctrack/task cgroup, ConstrainDevices, job_container/tmpfs and fake GPUs"

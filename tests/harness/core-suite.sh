@@ -18,6 +18,10 @@ CORE_FILTERED=(
 )
 # shellcheck disable=SC2034
 CORE_LAST=cluster_leftovers
+# Run alone, before CORE_LAST, where tests/release.sh built the release's
+# Debian packages (BERTH_TEST_DEBS): the package test switches the drop-in.
+# shellcheck disable=SC2034
+CORE_PACKAGE=package
 # On the GPU site (BERTH_TEST_SITE=gpu; tests/release.sh with
 # BERTH_RELEASE_SITE=gpu): the step's GPUs and the cgroup's EPERM, private
 # /tmp and /dev/shm.
@@ -40,7 +44,7 @@ CORE_PMIX_TESTS=(pmix_mpi_allreduce_across_nodes open_mpi_over_pmix_still_works_
 
 # core_test_names: every test binary the core suite runs, one a line.
 core_test_names() {
-    printf '%s\n' "${CORE_TESTS[@]}" "${CORE_FILTERED[@]%%=*}" "${CORE_GPU_TESTS[@]}" "$CORE_LAST" | sort -u
+    printf '%s\n' "${CORE_TESTS[@]}" "${CORE_FILTERED[@]%%=*}" "${CORE_GPU_TESTS[@]}" "$CORE_PACKAGE" "$CORE_LAST" | sort -u
 }
 
 # core_binaries TARGET_DIR: builds the core test binaries (against this

@@ -31,6 +31,10 @@ PACKAGES=(
     # harness plumbing
     iproute2 util-linux procps curl jq python3 openssl ca-certificates tar gzip
 )
+# This machine's only, not the release roots' (release-root.sh installs
+# PACKAGES; /.berth-root marks a root): rpmbuild, for tests/package.rs's RPM.
+HOST_PACKAGES=(rpm)
+[[ ! -e /.berth-root ]] || HOST_PACKAGES=()
 
 TEST_USER=berthuser
 TEST_GROUP=berthgrp
@@ -46,7 +50,7 @@ die() { printf '[install-deps] ERROR: %s\n' "$*" >&2; exit 1; }
 
 missing_packages() {
     local p status
-    for p in "${PACKAGES[@]}"; do
+    for p in "${PACKAGES[@]}" "${HOST_PACKAGES[@]}"; do
         status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
         [[ $status == "install ok installed" ]] || printf '%s\n' "$p"
     done
