@@ -115,5 +115,5 @@ echo "srun -n1 --container-image, task_init:    median ${mj} ms  (runs: ${by_joi
 echo "bare srun -N1 -n64 --overcommit true:     median ${mb64} ms  (runs: ${bare64[*]})"
 echo "64 tasks --container-image, exec step:    median ${me64} ms  (runs: ${exec64[*]})"
 echo "64 tasks --container-image, task_init:    median ${mj64} ms  (runs: ${join64[*]})"
-awk -v e="$me" -v j="$mj" -v b="$mb" 'BEGIN {printf "1 task: the exec step adds %d ms over bare, the join %d ms: exec/join %.2f\n", e - b, j - b, (j - b) > 0 ? (e - b) / (j - b) : 0}'
-awk -v e="$me64" -v j="$mj64" -v b="$mb64" 'BEGIN {printf "64 tasks: the exec step adds %d ms over bare, the join %d ms: exec/join %.2f\n", e - b, j - b, (j - b) > 0 ? (e - b) / (j - b) : 0}'
+awk -v e="$me" -v j="$mj" -v b="$mb" 'BEGIN {printf "1 task: the exec step adds %d ms over bare, the join %d ms: exec/join %.2f\n", e - b, j - b, ((j - b) > 0 ? (e - b) / (j - b) : 0)}'
+awk -v e="$me64" -v j="$mj64" -v b="$mb64" 'BEGIN {printf "64 tasks: the exec step adds %d ms over bare, the join %d ms: exec/join %.2f\n", e - b, j - b, ((j - b) > 0 ? (e - b) / (j - b) : 0)}'
