@@ -16,7 +16,8 @@
 #   env     print the environment (eval "$(tests/harness/cluster.sh env)")
 #
 # Environment: see tests/harness/lib.sh (BERTH_TEST_NAME, BERTH_TEST_NODES,
-# ports, BERTH_PLUGSTACK_DIR). BERTH_PLUGSTACK_LINE, when set, is written to
+# ports, BERTH_PLUGSTACK_DIR, BERTH_TEST_SLURM_PREFIX: a Slurm installed under
+# one prefix, whose programs and PluginDir the cluster then uses). BERTH_PLUGSTACK_LINE, when set, is written to
 # $BERTH_PLUGSTACK_DIR/berth.conf by `up`.
 set -euo pipefail
 # shellcheck disable=SC2034  # read by log() in lib.sh
@@ -263,6 +264,7 @@ SlurmdLogFile=$LOG_DIR/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 PlugStackConfig=$ETC_DIR/plugstack.conf
+$([[ -z $SLURM_PREFIX ]] || printf 'PluginDir=%s/lib/slurm' "$SLURM_PREFIX")
 
 $(site_lines)
 MpiDefault=none
