@@ -70,18 +70,26 @@ unpack() {
 
 # run_release TARBALL INDEX: the core suite against one release.
 run_release() {
-    local tarball=$1 index=$2 dir prefix ver t0=$SECONDS cluster_env rc=0
+    local tarball=$1 index=$2 dir prefix ver cred t0=$SECONDS cluster_env rc=0
     dir=$(unpack "$tarball") || return 1
     prefix=$(find "$dir/opt" -mindepth 1 -maxdepth 1 -name 'slurm-*' -type d | head -1)
     [[ -n $prefix && -f $prefix/include/slurm/spank.h ]] ||
         { echo "$tarball holds no opt/slurm-VER with include/slurm/spank.h" >&2; return 1; }
     ver=${prefix##*/}
+    # Debian builds Slurm with --enable-multiple-slurmd (its slurmd names
+    # itself slurmd-NODE in syslog); a build without it needs cred/none on
+    # a cluster whose nodes share one munged (tests/harness/lib.sh).
+    cred=cred/munge
+    if ! grep -qaF 'slurmd-%s' "$prefix/sbin/slurmd"; then
+        cred=cred/none
+        log "$ver: built without --enable-multiple-slurmd: the cluster runs CredType=cred/none"
+    fi
     build_berth_with_headers "$target/slurm-compat-${ver#slurm-}" "$prefix/include/slurm" \
         "${ver#slurm-} (built from source)" || return 1
     mapfile -t cluster_env < <(release_cluster_env "$index" "berthtest-c$index")
     BERTH_RELEASE_ROOT_OPT=$dir/opt tests/harness/release-root.sh trixie enter env "${cluster_env[@]}" \
         BERTH_TEST_SUITE=core BERTH_TEST_TASK_PROLOG=harness BERTH_TEST_SITE=plain \
-        BERTH_TEST_SLURM_PREFIX="/opt/$ver" \
+        BERTH_TEST_SLURM_PREFIX="/opt/$ver" BERTH_TEST_CRED_TYPE=$cred \
         CARGO_TARGET_DIR="$target/slurm-compat-${ver#slurm-}" BERTH_TEST_BINARIES="$binaries" \
         BERTH_TEST_CACHE_DIR="$cache/images-compat" \
         tests/run.sh || rc=$?

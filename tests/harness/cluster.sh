@@ -253,7 +253,7 @@ CommunicationParameters=NoCtldInAddrAny
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-CredType=cred/munge
+CredType=$CRED_TYPE
 
 StateSaveLocation=$CTLD_STATE_DIR
 SlurmctldPidFile=$CTLD_PID

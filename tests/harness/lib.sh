@@ -111,6 +111,13 @@ if [[ -n $SLURM_PREFIX ]]; then
     *) export PATH=$SLURM_PREFIX/sbin:$SLURM_PREFIX/bin:$PATH ;;
     esac
 fi
+# BERTH_TEST_CRED_TYPE: the cluster's CredType, cred/munge (the default) or
+# cred/none, for a Slurm built without --enable-multiple-slurmd (munge's replay
+# check then refuses, on every node but the first, a launch credential that
+# the node before it decoded with the same munged; tests/compat.sh).
+CRED_TYPE=${BERTH_TEST_CRED_TYPE:-cred/munge}
+[[ $CRED_TYPE == cred/munge || $CRED_TYPE == cred/none ]] ||
+    die "BERTH_TEST_CRED_TYPE must be cred/munge or cred/none (got '$CRED_TYPE')"
 
 # usage: print the comment block at the top of the running script.
 usage() {
