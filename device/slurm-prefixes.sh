@@ -15,7 +15,8 @@
 #   carry: [".devcarry-compat"]
 #   command: bash .devcarry-compat/slurm-prefixes.sh build TAG...
 # build: configures each TAG with --prefix=/opt/slurm-VER (VER: 25-11-7 for
-# slurm-25-11-7-1), munge and pmix from the carry, optional libraries off,
+# slurm-25-11-7-1), munge and pmix from the carry, multiple-slurmd on,
+# optional libraries off,
 # builds them at once, and leaves each stripped prefix as $OUT/VER.tar.xz
 # (about 3 MiB each) and the build logs in $OUT/logs.tar.xz.
 set -euo pipefail
@@ -64,7 +65,13 @@ one() {
     cd "$B"
     # libpmix's own libraries (libevent, hwloc) are not on the device: the
     # links may leave their symbols to the machine that runs Slurm.
+    # --enable-multiple-slurmd, as Debian builds it: the test cluster runs
+    # every slurmd on one machine with one munged, and without it a node
+    # refuses a launch credential another node decoded already (munge's
+    # replay check: "_verify_signature: failed decode", srun's "Header
+    # lengths are longer than data received").
     ./configure --prefix="$P" --sysconfdir="$P/etc" --with-munge="$D" --with-pmix="$L/pmix2" --disable-debug \
+        --enable-multiple-slurmd \
         --without-hwloc --without-json --without-yaml --without-lz4 --without-http-parser --without-jwt \
         --without-rrdtool --without-ucx --without-nvml --without-rsmi --without-hdf5 --without-freeipmi \
         --without-libcurl --without-oneapi --without-selinux --disable-x11 \

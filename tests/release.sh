@@ -52,6 +52,7 @@ export BERTH_TEST_CACHE_DIR=$cache
 
 source tests/harness/rust-env.sh
 source tests/harness/core-suite.sh
+source tests/harness/release-lib.sh
 target=${CARGO_TARGET_DIR:-$REPO/target}
 case $(realpath -m "$target")/ in
 "$REPO"/*) ;;
@@ -83,19 +84,10 @@ build_tests() {
 
 # build_berth SUITE: berth (plugin and CLI) against SUITE's Slurm headers.
 build_berth() {
-    local suite=$1 dir=$target/slurm-$1 root
+    local suite=$1 root
     root=$(tests/harness/release-root.sh "$suite" path)
-    # Only the root's Slurm headers: the C library's come from this machine,
-    # which compiles and links.
-    mkdir -p "$dir/include"
-    ln -sfn "$root/usr/include/slurm" "$dir/include/slurm"
-    if [[ ! -d $dir/release/deps && -d $target/release/deps ]]; then
-        log "$suite: seeding $dir with this machine's compiled dependencies"
-        mkdir -p "$dir/release"
-        cp -a "$target/release/deps" "$target/release/build" "$target/release/.fingerprint" "$dir/release/"
-    fi
-    log "$suite: building berth against Slurm $(dpkg-query --admindir="$root/var/lib/dpkg" -W -f '${Version}' libslurm-dev)"
-    SLURM_INCLUDE_DIR=$dir/include cargo build --release --locked --target-dir "$dir"
+    build_berth_with_headers "$target/slurm-$suite" "$root/usr/include/slurm" \
+        "$(dpkg-query --admindir="$root/var/lib/dpkg" -W -f '${Version}' libslurm-dev) ($suite)"
 }
 
 # build_debs SUITE: two versions of SUITE's Debian package, here, from what
@@ -112,7 +104,7 @@ build_debs() {
 
 # run_suite SUITE: the core suite inside SUITE's root.
 run_suite() {
-    local suite=$1 index name prolog=harness t0=$SECONDS debs
+    local suite=$1 index name prolog=harness t0=$SECONDS debs cluster_env
     case $suite in
     # Both run the harness's TaskProlog: on 23.11 and later berth's tasks
     # enter the container by exec, after Slurm ran the TaskProlog on the host
@@ -125,13 +117,10 @@ run_suite() {
     tests/harness/release-root.sh "$suite" build
     build_berth "$suite"
     debs=$(build_debs "$suite")
-    tests/harness/release-root.sh "$suite" enter env \
-        BERTH_TEST_NAME="$name" BERTH_TEST_DEBS="$debs" BERTH_TEST_SUITE=core BERTH_TEST_TASK_PROLOG=$prolog \
+    mapfile -t cluster_env < <(release_cluster_env "$index" "$name")
+    tests/harness/release-root.sh "$suite" enter env "${cluster_env[@]}" \
+        BERTH_TEST_DEBS="$debs" BERTH_TEST_SUITE=core BERTH_TEST_TASK_PROLOG=$prolog \
         BERTH_TEST_SITE="$site" BERTH_TEST_CONTAIN_SPANK="$contain_spank" \
-        BERTH_TEST_SUBNET="10.77.$index" BERTH_TEST_SLOT=0 \
-        BERTH_TEST_SLURMCTLD_PORT=$((16817 + 100 * index)) BERTH_TEST_SLURMD_PORT=$((16818 + 100 * index)) \
-        BERTH_TEST_REGISTRY_PORT=$((15000 + 100 * index)) BERTH_TEST_TOKEN_REGISTRY_PORT=$((15001 + 100 * index)) \
-        BERTH_TEST_TOKEN_SERVER_PORT=$((15002 + 100 * index)) \
         CARGO_TARGET_DIR="$target/slurm-$suite" BERTH_TEST_BINARIES="$binaries" \
         BERTH_TEST_CACHE_DIR="$cache/images-$suite" \
         tests/run.sh

@@ -16,7 +16,9 @@
 #   env     print the environment (eval "$(tests/harness/cluster.sh env)")
 #
 # Environment: see tests/harness/lib.sh (BERTH_TEST_NAME, BERTH_TEST_NODES,
-# ports, BERTH_PLUGSTACK_DIR). BERTH_PLUGSTACK_LINE, when set, is written to
+# ports, BERTH_PLUGSTACK_DIR, BERTH_TEST_SLURM_PREFIX: a Slurm installed under
+# one prefix, whose programs and PluginDir the cluster then uses,
+# BERTH_TEST_CRED_TYPE). BERTH_PLUGSTACK_LINE, when set, is written to
 # $BERTH_PLUGSTACK_DIR/berth.conf by `up`.
 set -euo pipefail
 # shellcheck disable=SC2034  # read by log() in lib.sh
@@ -141,6 +143,12 @@ site_lines() {
     fi
 }
 
+# plugin_dir_line: a newline and PluginDir=PREFIX/lib/slurm for a Slurm under
+# BERTH_TEST_SLURM_PREFIX; nothing (not even a line) otherwise.
+plugin_dir_line() {
+    [[ -z $SLURM_PREFIX ]] || printf '\nPluginDir=%s/lib/slurm' "$SLURM_PREFIX"
+}
+
 # slurm_at_least MAJOR MINOR: whether the installed slurmd is that release
 # or a later one.
 slurm_at_least() {
@@ -252,7 +260,7 @@ CommunicationParameters=NoCtldInAddrAny
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-CredType=cred/munge
+CredType=$CRED_TYPE
 
 StateSaveLocation=$CTLD_STATE_DIR
 SlurmctldPidFile=$CTLD_PID
@@ -262,7 +270,7 @@ SlurmdPidFile=$PID_DIR/slurmd-%n.pid
 SlurmdLogFile=$LOG_DIR/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
-PlugStackConfig=$ETC_DIR/plugstack.conf
+PlugStackConfig=$ETC_DIR/plugstack.conf$(plugin_dir_line)
 
 $(site_lines)
 MpiDefault=none

@@ -97,6 +97,28 @@ log() { printf '[%s] %s\n' "${LOG_TAG:-harness}" "$*"; }
 warn() { printf '[%s] WARNING: %s\n' "${LOG_TAG:-harness}" "$*" >&2; }
 die() { printf '[%s] ERROR: %s\n' "${LOG_TAG:-harness}" "$*" >&2; exit 1; }
 
+# BERTH_TEST_SLURM_PREFIX: a Slurm installed under one prefix (built from
+# source; tests/compat.sh) instead of the system's. Its sbin and bin go first
+# on PATH, for this script and every program it starts (the daemons, srun and
+# sbatch of the tests), and cluster.sh writes PluginDir=PREFIX/lib/slurm.
+# Unset: the Slurm on PATH, as always.
+SLURM_PREFIX=${BERTH_TEST_SLURM_PREFIX:-}
+if [[ -n $SLURM_PREFIX ]]; then
+    [[ -x $SLURM_PREFIX/sbin/slurmd && -x $SLURM_PREFIX/bin/srun && -d $SLURM_PREFIX/lib/slurm ]] ||
+        die "BERTH_TEST_SLURM_PREFIX=$SLURM_PREFIX holds no Slurm (sbin/slurmd, bin/srun, lib/slurm)"
+    case :$PATH: in
+    *":$SLURM_PREFIX/sbin:$SLURM_PREFIX/bin:"*) ;;
+    *) export PATH=$SLURM_PREFIX/sbin:$SLURM_PREFIX/bin:$PATH ;;
+    esac
+fi
+# BERTH_TEST_CRED_TYPE: the cluster's CredType, cred/munge (the default) or
+# cred/none, for a Slurm built without --enable-multiple-slurmd (munge's replay
+# check then refuses, on every node but the first, a launch credential that
+# the node before it decoded with the same munged; tests/compat.sh).
+CRED_TYPE=${BERTH_TEST_CRED_TYPE:-cred/munge}
+[[ $CRED_TYPE == cred/munge || $CRED_TYPE == cred/none ]] ||
+    die "BERTH_TEST_CRED_TYPE must be cred/munge or cred/none (got '$CRED_TYPE')"
+
 # usage: print the comment block at the top of the running script.
 usage() {
     awk 'NR == 1 {next} /^#/ {sub(/^# ?/, ""); print; next} {exit}' "$0"

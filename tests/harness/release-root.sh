@@ -17,6 +17,10 @@
 #                in, and fresh /run and /tmp
 #   path         print where the root lives
 #
+# BERTH_RELEASE_ROOT_OPT=DIR (enter): DIR is bound onto the root's /opt, in
+# the mount namespace of this run only (tests/compat.sh: a Slurm built from
+# source under /opt/slurm-VER); the cached root is never written.
+#
 # Environment: BERTH_TEST_CACHE_DIR (default /var/cache/berth-test; roots live
 # in its roots/ folder), BERTH_DEBIAN_MIRROR (default: the machine's first
 # Debian mirror).
@@ -93,10 +97,13 @@ build() {
 enter() {
     [[ -f $ROOT/.berth-root ]] || { echo "no root for $suite: run 'release-root.sh $suite build'" >&2; exit 1; }
     (($#)) || set -- bash
+    local opt=${BERTH_RELEASE_ROOT_OPT:-}
+    [[ -z $opt || -d $opt ]] || { echo "BERTH_RELEASE_ROOT_OPT=$opt is not a folder" >&2; exit 2; }
+    [[ -z $opt || -d $ROOT/opt ]] || { echo "$ROOT has no /opt to bind BERTH_RELEASE_ROOT_OPT onto" >&2; exit 1; }
     # shellcheck disable=SC2016
     exec unshare -m --propagation private -- bash -euc '
-        root=$1 repo=$2 cache=$3
-        shift 3
+        root=$1 repo=$2 cache=$3 opt=$4
+        shift 4
         mount --rbind "$root" "$root"
         for d in proc sys dev; do mount --rbind "/$d" "$root/$d"; done
         mount -t tmpfs -o mode=0755 tmpfs "$root/run"
@@ -106,6 +113,7 @@ enter() {
         bind /root/.cargo
         bind /root/.rustup
         bind "$cache"
+        [[ -z $opt ]] || mount --rbind "$opt" "$root/opt"
         cd "$root"
         mkdir -p .oldroot
         pivot_root . .oldroot
@@ -123,7 +131,7 @@ enter() {
             [[ $(readlink "$p/ns/mnt" 2>/dev/null) == "$me" ]] && kill -KILL "$pid" 2>/dev/null
         done
         exit $rc
-    ' bash "$ROOT" "$REPO" "$CACHE" "$@"
+    ' bash "$ROOT" "$REPO" "$CACHE" "$opt" "$@"
 }
 
 case $verb in
