@@ -26,29 +26,22 @@ if [[ ${1:-} != --inner ]]; then
     runs=${2:-10}
     case $suite in trixie | sid) ;; *) echo "bench/enter.sh: unknown release root '$suite'" >&2; exit 2 ;; esac
     source tests/harness/rust-env.sh
+    log() { printf '[bench] %s\n' "$*" >&2; }
+    source tests/harness/release-lib.sh
     target=${CARGO_TARGET_DIR:-$REPO/target}
     tests/harness/release-root.sh "$suite" build
     root=$(tests/harness/release-root.sh "$suite" path)
     exec_dir=$target/slurm-$suite join_dir=$target/slurm-$suite-join
-    for dir in "$exec_dir" "$join_dir"; do
-        mkdir -p "$dir/include"
-        ln -sfn "$root/usr/include/slurm" "$dir/include/slurm"
-    done
     if [[ ! -d $join_dir/release/deps && -d $exec_dir/release/deps ]]; then
         mkdir -p "$join_dir/release"
         cp -a "$exec_dir/release/deps" "$exec_dir/release/build" "$exec_dir/release/.fingerprint" "$join_dir/release/"
     fi
-    echo "bench/enter.sh: building berth twice against the $suite root's Slurm" >&2
-    SLURM_INCLUDE_DIR=$exec_dir/include cargo build --release --locked --target-dir "$exec_dir" >&2
-    BERTH_ENTER_IN_TASK_INIT=1 SLURM_INCLUDE_DIR=$join_dir/include \
-        cargo build --release --locked --target-dir "$join_dir" >&2
-    index=48
-    exec tests/harness/release-root.sh "$suite" enter env \
-        BERTH_TEST_NAME=berthbench-enter BERTH_TEST_SUBNET=10.77.$index BERTH_TEST_SLOT=0 \
+    build_berth_with_headers "$exec_dir" "$root/usr/include/slurm" "of the $suite root (exec step)" >&2
+    BERTH_ENTER_IN_TASK_INIT=1 build_berth_with_headers "$join_dir" "$root/usr/include/slurm" \
+        "of the $suite root (join in task_init)" >&2
+    mapfile -t cluster_env < <(release_cluster_env 48 berthbench-enter)
+    exec tests/harness/release-root.sh "$suite" enter env "${cluster_env[@]}" \
         BERTH_TEST_NODES=1 BERTH_TEST_TASK_PROLOG=none \
-        BERTH_TEST_SLURMCTLD_PORT=$((16817 + 100 * index)) BERTH_TEST_SLURMD_PORT=$((16818 + 100 * index)) \
-        BERTH_TEST_REGISTRY_PORT=$((15000 + 100 * index)) BERTH_TEST_TOKEN_REGISTRY_PORT=$((15001 + 100 * index)) \
-        BERTH_TEST_TOKEN_SERVER_PORT=$((15002 + 100 * index)) \
         BERTH_TEST_CACHE_DIR="${BERTH_TEST_CACHE_DIR:-/var/cache/berth-test}/images-$suite" \
         BENCH_EXEC_TARGET="$exec_dir" BENCH_JOIN_TARGET="$join_dir" \
         bench/enter.sh --inner "$runs"
