@@ -11,7 +11,7 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use common::{Cluster, Submitter, BOTH};
+use common::{enroot_layout_file, give_to, Cluster, Submitter, BOTH};
 
 macro_rules! cluster_or_skip {
     () => {
@@ -42,10 +42,15 @@ struct SiteLine {
 
 impl SiteLine {
     fn set(cluster: &Cluster, dir: &Path) -> SiteLine {
+        SiteLine::set_with(cluster, dir, "")
+    }
+
+    /// With `extra` words on the line too.
+    fn set_with(cluster: &Cluster, dir: &Path, extra: &str) -> SiteLine {
         let file = Path::new(&cluster.var("BERTH_TEST_PLUGSTACK_DIR")).join("berth.conf");
         let original = std::fs::read_to_string(&file).unwrap();
         let line = format!(
-            "{} enroot_config_path={}\n",
+            "{} enroot_config_path={} {extra}\n",
             original.trim_end(),
             dir.display()
         );
@@ -239,4 +244,97 @@ fn a_site_file_others_can_write_is_not_used() {
             "{who:?}: a drop-in others can write must not remap root"
         );
     }
+}
+
+/// The words a pyxis site has on its plugstack line (beside
+/// `runtime_path`, which the test cluster sets itself): pyxis's own keys,
+/// those berth maps and those it ignores with a log line.
+const PYXIS_KEYS: &str = "execute_entrypoint=0 container_scope=global sbatch_support=1 \
+     use_enroot_load=0 importer=/usr/share/pyxis/importer.sh use_squashfuse=0";
+
+/// A pyxis + enroot site switched to berth with no file changed: pyxis's
+/// plugstack keys on berth's line, the site's enroot folder (enroot.conf
+/// defaults, mounts.d, environ.d and a hook in hooks.d) and a squashfs file
+/// that `enroot import` laid out; its jobs run as they ran under pyxis, as
+/// root and as the user. (slurmd names the pyxis keys it ignores in its log
+/// when it starts; a credentials file with `$(cmd)` and a node behind an
+/// HTTP proxy run on this same cluster in cluster_private.rs and
+/// cluster_faults.rs.)
+#[test]
+fn a_pyxis_enroot_site_runs_its_jobs_unchanged() {
+    let cluster = cluster_or_skip!();
+    let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = site_folder(&cluster);
+    let _dir_gone = Removed(dir.clone());
+    let hook = dir.join("hooks.d/50-site.sh");
+    write(
+        &hook,
+        "#!/bin/sh\necho \"HOOK_VAR=from-the-hook-of-$(id -u)\" >> \"$ENROOT_ENVIRON\"\n",
+    );
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let data = PathBuf::from(format!(
+        "{}/pyxis-site-data-{}",
+        cluster.var("BERTH_TEST_WORKDIR"),
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&data).unwrap();
+    let _data_gone = Removed(data.clone());
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let _line = SiteLine::set_with(&cluster, &dir, PYXIS_KEYS);
+    let work = cluster.var("BERTH_TEST_WORKDIR");
+    for who in BOTH {
+        // A registry image: enroot.conf's remapped root and read-only root,
+        // the site's variables and mounts, the hook's variable (the hook
+        // runs as the job's user, on the host).
+        let run = report(&cluster, who, &data, &[]).ok();
+        assert_eq!(
+            run.stdout.lines().collect::<Vec<_>>(),
+            [
+                "uid=0 var=from-environ-d job=from-the-job",
+                "root=readonly",
+                "tmpfs=1",
+                "maybe=absent"
+            ],
+            "{who:?}: the site's defaults, mounts and variables\n{}",
+            run.stderr
+        );
+        let image = format!("--container-image={}", cluster.image("busybox:latest"));
+        let run = cluster
+            .srun(who, &["-N1", &image, "sh", "-c", "echo $HOOK_VAR"])
+            .ok();
+        assert_eq!(
+            run.stdout.trim(),
+            format!("from-the-hook-of-{}", uid_of(who)),
+            "{who:?}: the site hook's variable"
+        );
+        // A file `enroot import` made: its environment and working
+        // directory; no ENTRYPOINT, as execute_entrypoint=0 says.
+        let tools = format!("/opt/pyxis-site-{who:?}-{}", std::process::id());
+        let file = PathBuf::from(format!(
+            "{work}/pyxis-site-{who:?}-{}.sqsh",
+            std::process::id()
+        ));
+        let _file_gone = Removed(file.clone());
+        enroot_layout_file(&file, &tools);
+        give_to(who, &file);
+        let image = format!("--container-image={}", file.display());
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    "-N1",
+                    &image,
+                    "sh",
+                    "-c",
+                    "echo ran=${BERTH_ENTRYPOINT_RAN-no} env=$BERTH_TEST_ENV pwd=$(pwd)",
+                ],
+            )
+            .ok();
+        assert_eq!(
+            run.stdout.trim(),
+            "ran=no env=from-enroot-file pwd=/opt/app work",
+            "{who:?}: the enroot-imported file"
+        );
+    }
+    cluster.assert_nodes_healthy();
 }

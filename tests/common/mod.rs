@@ -566,3 +566,60 @@ pub fn push_with_env(source: &str, env: &str, target: &str, creds: Option<&str>)
     assert!(digest.starts_with("sha256:"), "{target}: {digest}");
     digest
 }
+
+/// Chowns `path` to the test user when `who` is that user.
+pub fn give_to(who: Submitter, path: &std::path::Path) {
+    if who == Submitter::User {
+        let out = std::process::Command::new("chown")
+            .arg(format!("{}:", TEST_USER))
+            .arg(path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "chown {}: {out:?}", path.display());
+    }
+}
+
+/// Builds, as `enroot import` lays a root out, a squashfs file at `file`:
+/// the host's static busybox, `/etc/environment` and an `/etc/rc` whose
+/// working directory, ENTRYPOINT and CMD are quoted as enroot quotes them.
+pub fn enroot_layout_file(file: &std::path::Path, tools: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    for sub in ["bin", "etc", "tmp", "opt/app work", &format!("{tools}/bin")] {
+        std::fs::create_dir_all(root.join(sub)).unwrap();
+    }
+    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
+    for applet in ["sh", "echo", "pwd", "cat", "env"] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
+    }
+    std::fs::write(
+        root.join("etc/environment"),
+        format!("PATH={tools}/bin:/bin\nBERTH_TEST_ENV=\"from-enroot-file\"\n"),
+    )
+    .unwrap();
+    let rc = r#"# enroot-provenance: docker://registry.example#team/app:1
+# org.example.label some value
+
+mkdir -p "/opt/app work" 2> /dev/null
+cd "/opt/app work" && unset OLDPWD || exit 1
+
+if [ -s /etc/rc.local ]; then
+    . /etc/rc.local
+fi
+
+if [ $# -gt 0 ]; then
+    exec '/bin/sh' '-c' 'export BERTH_ENTRYPOINT_RAN="it'\''s-enroots"; exec "$@"' 'entry' "$@"
+else
+    exec '/bin/sh' '-c' 'export BERTH_ENTRYPOINT_RAN="it'\''s-enroots"; exec "$@"' 'entry' '/bin/sh'
+fi
+"#;
+    std::fs::write(root.join("etc/rc"), rc).unwrap();
+    let out = std::process::Command::new("gensquashfs")
+        .arg("--pack-dir")
+        .arg(&root)
+        .args(["--quiet", "--force"])
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "gensquashfs: {out:?}");
+}
