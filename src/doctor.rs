@@ -460,21 +460,16 @@ fn gpu_isolation(slurm_conf: &Path, has_gpu_devices: bool) -> Finding {
 }
 
 /// `SlurmdParameters=contain_spank` (Slurm 24.05 and later) runs SPANK's
-/// `user_init` in a clone of slurmstepd whose file descriptors die with it:
-/// berth's containers cannot be made there (the step fails with the fix).
+/// `user_init` and `task_exit` in clones of slurmstepd whose file
+/// descriptors die with them; berth carries the step's descriptors out of
+/// them (`spank::contain`), so it is reported, not refused.
 fn contain_spank(slurm_conf: &Path) -> Finding {
     let check = "contain_spank";
     match crate::slurm_conf::value(slurm_conf, "SlurmdParameters") {
-        Ok(Some(params)) if params.split(',').any(|p| p.trim() == "contain_spank") => Finding::new(
-            Level::Fail,
+        Ok(Some(params)) if params.split(',').any(|p| p.trim() == "contain_spank") => Finding::ok(
             check,
-            format!(
-                "SlurmdParameters={params} in {}: Slurm runs user_init in a short-lived \
-                     clone of slurmstepd, and berth refuses to make containers there",
-                slurm_conf.display()
-            ),
-            "remove contain_spank from SlurmdParameters and restart slurmd (berth enters \
-                 the job's job_container/tmpfs namespace by itself)",
+            "on (SlurmdParameters): berth passes the container's descriptors out of Slurm's \
+             clones of slurmstepd",
         ),
         Ok(_) => Finding::ok(check, "off (SlurmdParameters)"),
         Err(e) => Finding::new(

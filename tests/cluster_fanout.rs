@@ -61,12 +61,40 @@ fn blob_gets(cluster: &Cluster, repository: &str) -> BTreeMap<String, usize> {
     counts
 }
 
-/// A node's fan-out folder (its `/tmp` is `STATE/nodes/NODE/tmp`).
-fn fanout_dir(cluster: &Cluster, node: &str) -> PathBuf {
-    PathBuf::from(cluster.var("BERTH_TEST_STATE_DIR"))
+/// A node's fan-out folder as job `job` sees it, where `sbcast` writes: the
+/// node's `/tmp` (`STATE/nodes/NODE/tmp`), or on the GPU site the job's
+/// private `/tmp` of `job_container/tmpfs`, which the fan-out helper enters
+/// ([`job_tmp`]).
+fn fanout_dir(cluster: &Cluster, node: &str, job: &str) -> PathBuf {
+    let node_dir = PathBuf::from(cluster.var("BERTH_TEST_STATE_DIR"))
         .join("nodes")
-        .join(node)
-        .join("tmp/berth-fanout")
+        .join(node);
+    let tmp = if cluster.var("BERTH_TEST_SITE") == "gpu" {
+        job_tmp(&node_dir.join("job-containers"), job)
+    } else {
+        node_dir.join("tmp")
+    };
+    tmp.join("berth-fanout")
+}
+
+/// The folder Slurm binds on the job's `/tmp`, under the node's `BasePath`:
+/// `BasePath/JOB/.JOB` on 22.05 (whose multiple-slurmd build adds the node
+/// name to `BasePath`), its `_tmp` from 23.02 on. A path that does not exist
+/// when the job has no namespace (yet, or any more).
+fn job_tmp(base: &std::path::Path, job: &str) -> PathBuf {
+    let node_base = std::fs::read_dir(base)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.join(job).is_dir())
+        .unwrap_or_else(|| base.to_path_buf());
+    let bound = node_base.join(format!("{job}/.{job}"));
+    if bound.join("_tmp").is_dir() || !bound.is_dir() {
+        bound.join("_tmp")
+    } else {
+        bound
+    }
 }
 
 /// The task lines `NODE VALUE` of a four-node step, checked: every node ran
@@ -85,9 +113,11 @@ fn assert_every_node_ran(output: &str, unique: &str) {
 /// The job's fan-out folders are gone on every node once it ended (epilog).
 fn assert_job_files_removed(cluster: &Cluster, job: &str) {
     let gone = wait_for(Duration::from_secs(20), || {
-        NODES
-            .iter()
-            .all(|n| !fanout_dir(cluster, n).join(format!("job-{job}")).exists())
+        NODES.iter().all(|n| {
+            !fanout_dir(cluster, n, job)
+                .join(format!("job-{job}"))
+                .exists()
+        })
     });
     assert!(gone, "fan-out files of job {job} left behind");
 }
@@ -180,9 +210,18 @@ fn tampered_fanout_files_fall_back_to_the_registry() {
     let owned = |path: &std::path::Path| {
         tool("chown", &[&format!("{uid}:{gid}"), path.to_str().unwrap()]);
     };
-    // What the user could do on those nodes before the first node sends.
+    // What the user could do on those nodes before the first node sends
+    // (on the GPU site in the job's /tmp, which the allocation made:
+    // PrologFlags=Contain).
     for node in ["node3", "node4"] {
-        let parent = fanout_dir(&cluster, node);
+        assert!(
+            wait_for(Duration::from_secs(10), || fanout_dir(&cluster, node, &job)
+                .parent()
+                .unwrap()
+                .is_dir()),
+            "the job's /tmp is missing on {node}"
+        );
+        let parent = fanout_dir(&cluster, node, &job);
         std::fs::create_dir_all(&parent).unwrap();
         std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o755)).unwrap();
         let dir = parent.join(format!("job-{job}"));
@@ -190,7 +229,7 @@ fn tampered_fanout_files_fall_back_to_the_registry() {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         owned(&dir);
     }
-    let swapped = fanout_dir(&cluster, "node3").join(format!("job-{job}/0.sqfs"));
+    let swapped = fanout_dir(&cluster, "node3", &job).join(format!("job-{job}/0.sqfs"));
     std::fs::write(&swapped, b"hsqs not the image").unwrap();
     owned(&swapped);
     let forged_credential = {
@@ -202,7 +241,7 @@ fn tampered_fanout_files_fall_back_to_the_registry() {
         assert!(out.status.success(), "munge as the user failed");
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
-    let forged = fanout_dir(&cluster, "node4").join(format!("job-{job}/0.statement"));
+    let forged = fanout_dir(&cluster, "node4", &job).join(format!("job-{job}/0.statement"));
     std::fs::write(
         &forged,
         serde_json::json!({"statement": "{}", "credentials": {"3": forged_credential}}).to_string(),

@@ -313,8 +313,9 @@ fn containers_get_the_jobs_private_tmp_and_shm() {
 }
 
 /// `--gpus=1` and `--gpus-per-task`: each task in the container gets what
-/// Slurm binds for it bare (the GPUs it may open, `CUDA_VISIBLE_DEVICES`),
-/// and the container's `/dev` holds exactly the step's GPUs.
+/// Slurm binds for it bare (which of the step's GPUs it may open, the
+/// node's others denied, `CUDA_VISIBLE_DEVICES`), and the container's `/dev`
+/// holds exactly the step's GPUs.
 #[test]
 fn tasks_in_a_container_get_what_slurm_binds_for_them_bare() {
     let cluster = gpu_cluster_or_skip!();
@@ -374,8 +375,17 @@ fn tasks_in_a_container_get_what_slurm_binds_for_them_bare() {
                             .collect();
                         assert_eq!(dev, step_gpus, "/dev: {ctx}");
                     }
-                    let opens = format!("{} {} {cvd}", task["open0"], task["open1"]);
-                    tasks.insert(rank, opens);
+                    // Which of the node's GPUs Slurm picks depends on the
+                    // jobs beside this one (the tests run two at a time):
+                    // compare by the step's GPUs in order, the others denied.
+                    for n in (0u32..2).filter(|n| !step_gpus.contains(n)) {
+                        assert_eq!(task[&format!("open{n}")], DENIED, "GPU {n}: {ctx}");
+                    }
+                    let opens: Vec<&str> = step_gpus
+                        .iter()
+                        .map(|n| task[&format!("open{n}")].as_str())
+                        .collect();
+                    tasks.insert(rank, format!("{} {cvd}", opens.join(" ")));
                 }
                 let expected_tasks = if shape.contains(&"-n2") { 2 } else { 1 };
                 assert_eq!(tasks.len(), expected_tasks, "{ctx}");

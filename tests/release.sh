@@ -24,13 +24,11 @@
 # BERTH_RELEASE_PARALLEL=1 runs the roots at once (tests/run.sh does), each
 # line of output prefixed with its release; the default is one after the other.
 #
-# BERTH_RELEASE_SITE: the cluster the roots run, `plain` (the default) or
-# `gpu`: the GPU site of tests/harness/cluster.sh (proctrack/task cgroup with
+# BERTH_RELEASE_SITE: the cluster the roots run, `gpu` (the default: the
+# GPU site of tests/harness/cluster.sh, proctrack/task cgroup with
 # ConstrainDevices, fake GRES GPUs, job_container/tmpfs or, on 25.11+,
-# namespace/tmpfs), where the core suite runs and cluster_gpu with it, on one
-# cluster. Not yet the default: cluster_fanout's four_nodes_one_registry_pull
-# and tampered_fanout_files_fall_back_to_the_registry fail there (the other
-# nodes do not hear from the first within 5 s and pull themselves). BERTH_RELEASE_CONTAIN_SPANK=yes adds
+# namespace/tmpfs, where the core suite runs and cluster_gpu with it, on one
+# cluster) or `plain` (linuxproc, task/none). BERTH_RELEASE_CONTAIN_SPANK=yes adds
 # SlurmdParameters=contain_spank, under which berth refuses containers. BERTH_RELEASE_INDEX (default 20) is the third octet of the
 # first root's /24 (the next root takes the next one), also the offset of its
 # ports and the name: a developer's run beside CI's picks another one.
@@ -59,7 +57,7 @@ case $(realpath -m "$target")/ in
 *) echo "CARGO_TARGET_DIR ($target) must lie inside the checkout ($REPO): the release roots see only the checkout" >&2; exit 2 ;;
 esac
 
-site=${BERTH_RELEASE_SITE:-plain}
+site=${BERTH_RELEASE_SITE:-gpu}
 contain_spank=${BERTH_RELEASE_CONTAIN_SPANK:-no}
 base=${BERTH_RELEASE_INDEX:-20}
 [[ $site == gpu || $site == plain ]] || { echo "BERTH_RELEASE_SITE must be gpu or plain (got '$site')" >&2; exit 2; }

@@ -17,7 +17,8 @@
 #   5. meanwhile, once the integration tests are done, runs the core suite
 #      on the Slurm of each release root (BERTH_TEST_RELEASES, default
 #      "trixie sid": Slurm 24.11 and 26.05) with tests/release.sh, both
-#      roots at once, each with a cluster of its own,
+#      roots at once, each with a cluster of its own on the GPU site (so
+#      cluster_gpu runs there too),
 #   6. tears the cluster and registry down, whatever happened (and waits
 #      for the release roots, which tear down their own).
 #

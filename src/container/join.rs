@@ -177,6 +177,29 @@ impl Container {
         fds
     }
 
+    /// Takes `fds` as its namespace descriptors, in the order of
+    /// [`Container::namespace_fds`]: this process's copies of descriptors
+    /// that another process (a clone of slurmstepd under `contain_spank`)
+    /// opened. The numbers held before are that process's, not this one's:
+    /// they are forgotten, never closed.
+    pub fn adopt_namespace_fds(&mut self, fds: Vec<OwnedFd>) -> anyhow::Result<()> {
+        let want = 2 + self.namespaces.len();
+        if fds.len() != want {
+            anyhow::bail!(
+                "expected {want} namespace descriptors of the container, got {}",
+                fds.len()
+            );
+        }
+        let mut fds = fds.into_iter();
+        let mut next = || fds.next().expect("counted above");
+        std::mem::forget(std::mem::replace(&mut self.user_ns, next()));
+        std::mem::forget(std::mem::replace(&mut self.mount_ns, next()));
+        for (_, fd) in &mut self.namespaces {
+            std::mem::forget(std::mem::replace(fd, next()));
+        }
+        Ok(())
+    }
+
     /// The directory tasks start in.
     pub fn workdir(&self) -> &str {
         &self.workdir

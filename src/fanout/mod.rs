@@ -287,6 +287,20 @@ fn open_received(path: &Path, user: JobUser) -> Result<Option<(fs::File, u64)>> 
     Ok(Some((file, meta.len())))
 }
 
+/// Enters `job`'s mount namespace of `job_container/tmpfs` when this node
+/// has one: slurmd writes `sbcast`'s files from inside it (its own `/tmp` and
+/// `/dev/shm`), while slurmstepd, and so this helper, starts outside it. The
+/// fan-out folder must be read and prepared where `sbcast` writes, or a
+/// `fanout_dir` under `/tmp` is two folders and no node ever hears from the
+/// first. The helper is still single-threaded here, as `setns` demands.
+fn enter_job_namespace(job: u32) -> Result<()> {
+    match crate::container::jobns::find(job) {
+        Some(namespace) => crate::container::jobns::enter(&namespace)
+            .context("the fan-out helper must see the job's /tmp, where sbcast writes"),
+        None => Ok(()),
+    }
+}
+
 /// Entry point of `berth __fanout send|receive REQUEST_JSON`; returns the
 /// exit code. `receive` prints the stored image as JSON on stdout.
 pub fn fanout_main(args: &[std::ffi::OsString]) -> i32 {
@@ -302,6 +316,7 @@ pub fn fanout_main(args: &[std::ffi::OsString]) -> i32 {
             Some("send") => {
                 let request: SendRequest =
                     serde_json::from_str(&json).context("unreadable fan-out send request")?;
+                enter_job_namespace(request.job)?;
                 let report = send(&request)?;
                 eprintln!("{report}");
                 Ok(())
@@ -309,6 +324,7 @@ pub fn fanout_main(args: &[std::ffi::OsString]) -> i32 {
             Some("receive") => {
                 let request: ReceiveRequest =
                     serde_json::from_str(&json).context("unreadable fan-out receive request")?;
+                enter_job_namespace(request.job)?;
                 let stored = receive(&request)?;
                 println!("{}", serde_json::to_string(&stored)?);
                 Ok(())

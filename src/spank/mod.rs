@@ -8,12 +8,14 @@
 //! - `resolve`: srun/sbatch/salloc side: tag -> digest once, exported to every step;
 //! - `remote`: slurmstepd side: reads the step's snapshot, lets [`crate::step`]
 //!   set up the container, joins tasks to it, releases it at the last task's exit;
+//! - `contain`: slurmstepd side: the socket pair that carries a `contain_spank` clone's descriptors;
 //! - `task_prolog`: slurmstepd side: the site's TaskProlog, run on the host for container tasks;
 //! - `hetjob`: srun side: the options of each heterogeneous job component.
 //!
 //! This module holds no container, image or registry logic of its own: what
 //! a step does on a node is [`crate::step`]'s.
 
+mod contain;
 pub mod ffi;
 mod guard;
 pub mod handle;

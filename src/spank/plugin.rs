@@ -67,7 +67,7 @@ pub extern "C" fn slurm_spank_init(sp: ffi::spank_t, argc: c_int, argv: *mut *mu
         }
         let _ = CONFIG.set(parsed);
         if handle::context() == Context::Remote {
-            remote::record_stepd_process();
+            remote::record_stepd_process()?;
         }
         let spank = Spank::from_raw(sp);
         match handle::context() {

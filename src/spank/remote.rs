@@ -4,7 +4,9 @@
 //!
 //! `user_init` runs once per step in slurmstepd (uid 0, euid = the user);
 //! the container's namespace handles are kept here. Each task, forked from
-//! slurmstepd, inherits those handles and joins them in `task_init`. When
+//! slurmstepd, inherits those handles and joins them in `task_init`. Under
+//! `SlurmdParameters=contain_spank`, `user_init` runs in a clone of
+//! slurmstepd and the handles travel through [`super::contain`]. When
 //! slurmstepd lets go at `exit` and the tasks are gone, the kernel tears
 //! every mount down.
 
@@ -57,18 +59,19 @@ fn state() -> MutexGuard<'static, StepdState> {
     STATE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// What `user_init` says when Slurm runs it in a clone of slurmstepd.
-const CONTAIN_SPANK_REFUSED: &str =
-    "berth cannot run containers with SlurmdParameters=contain_spank: Slurm then runs \
-    user_init in a short-lived clone of slurmstepd with a file table of its own, so the \
-    container's namespace handles made there never reach the tasks. Remove contain_spank \
-    from SlurmdParameters in slurm.conf and restart slurmd: berth enters the job's \
-    job_container/tmpfs namespace by itself, so containers keep the job's private /tmp and \
-    /dev/shm without it";
+/// What `user_init` says when a step under `contain_spank` asks for a named
+/// container, which berth does not carry across Slurm's clones yet.
+const CONTAIN_SPANK_NAMED: &str = "berth cannot yet run named containers (--container-name) with \
+    SlurmdParameters=contain_spank: Slurm then runs user_init in a short-lived clone of \
+    slurmstepd, and the record other steps join through would name that clone. Run the step \
+    without --container-name, or remove contain_spank from SlurmdParameters in slurm.conf and \
+    restart slurmd (berth enters the job's job_container/tmpfs namespace by itself)";
 
-/// Records that this process is slurmstepd itself (called from `init`).
-pub fn record_stepd_process() {
+/// Records that this process is slurmstepd itself and makes the socket pair
+/// a `contain_spank` clone sends its descriptors over (called from `init`).
+pub fn record_stepd_process() -> Result<(), String> {
     state().stepd_pid = std::process::id();
+    super::contain::open()
 }
 
 /// Whether this callback runs in a clone of slurmstepd (contain_spank), not
@@ -130,20 +133,43 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
     if !crate::step::wants_container(step, &options, config) {
         return Ok(());
     }
-    if in_a_clone_of_slurmstepd() {
-        return Err(CONTAIN_SPANK_REFUSED.to_string());
-    }
     super::local::check_slurm_namespaces(&options)?;
-    let Some(started) = crate::step::start(snapshot(spank)?, options, config, &SpankReport)
+    let in_a_clone = in_a_clone_of_slurmstepd();
+    if in_a_clone && options.name.is_some() {
+        return Err(CONTAIN_SPANK_NAMED.to_string());
+    }
+    let Some(mut started) = crate::step::start(snapshot(spank)?, options, config, &SpankReport)
         .map_err(|e| format!("{e:#}"))?
     else {
         return Ok(());
     };
+    if in_a_clone {
+        // The record for `--container-name=JOB.STEP` names this clone's
+        // descriptors, which no other step could open: withdrawn.
+        started.container.named = None;
+        send_to_slurmstepd(&started.container)?;
+    }
     let mut state = state();
     state.container = Some(started.container);
     state.task_prolog = started.task_prolog;
     state.join_report = started.join_report;
     Ok(())
+}
+
+/// `contain_spank`: this `user_init` runs in a clone of slurmstepd whose
+/// descriptors die with it. The step's descriptors (the container's
+/// namespaces, the image and named holds) go to slurmstepd's socket pair,
+/// where the tasks and the `task_exit` clone find them ([`super::contain`]).
+fn send_to_slurmstepd(step: &StepContainer) -> Result<(), String> {
+    super::contain::send(&step.descriptors())
+}
+
+/// This process's own copies of the step's descriptors (`contain_spank`):
+/// a task, or the clone that runs `task_exit`.
+fn adopt_sent(step: &mut StepContainer) -> Result<(), String> {
+    let fds = super::contain::peek()?;
+    step.adopt_descriptors(fds)
+        .map_err(|e| format!("contain_spank: {e}"))
 }
 
 /// What Slurm tells about this step on this node, read once.
@@ -154,9 +180,15 @@ fn snapshot(spank: &Spank) -> Result<Snapshot, String> {
     } else {
         None
     };
-    // slurmstepd runs user_init in the job's working directory.
-    let cwd = std::env::current_dir()
-        .ok()
+    // slurmstepd runs user_init in the job's working directory; a clone of
+    // it (contain_spank) is at / after it joined the job's namespace, so
+    // there the job's PWD is taken.
+    let cwd = if in_a_clone_of_slurmstepd() {
+        None
+    } else {
+        std::env::current_dir().ok()
+    };
+    let cwd = cwd
         .or_else(|| spank.getenv("PWD").map(PathBuf::from))
         .filter(|d| d.is_absolute());
     Ok(Snapshot {
@@ -178,14 +210,23 @@ fn snapshot(spank: &Spank) -> Result<Snapshot, String> {
 
 /// Joins the calling task to the step's container and applies the image env.
 pub fn task_init(spank: &Spank, config: &Config) -> Result<(), String> {
-    let state = state();
+    let mut state = state();
     if state.setup_failed {
         return Err("the container could not be set up on this node (see the error above)".into());
     }
+    let Some(step) = state.container.as_mut() else {
+        return Ok(());
+    };
+    if super::contain::sent() {
+        // This task's own copies of what the user_init clone opened (the
+        // socket's copies keep the holds).
+        adopt_sent(step)?;
+    }
+    let state = &*state;
     let Some(step) = state.container.as_ref() else {
         return Ok(());
     };
-    let prolog_actions = enter(spank, &state, step, config)?;
+    let prolog_actions = enter(spank, state, step, config)?;
     set_task_env(spank, step)?;
     super::task_prolog::apply(spank, &prolog_actions)
 }
@@ -316,16 +357,31 @@ pub fn task_exit(spank: &Spank) -> Result<(), String> {
         }
         state.container.take()
     };
-    let Some(step) = step else {
+    let Some(mut step) = step else {
         return Ok(());
     };
+    if super::contain::sent() {
+        // A clone of slurmstepd (contain_spank): the numbers held are the
+        // user_init clone's; release this clone's own copies. slurmstepd's
+        // exit lets the socket's copies go.
+        if let Err(e) = adopt_sent(&mut step) {
+            std::mem::forget(step);
+            return Err(e);
+        }
+    }
     step.release(&SpankReport).map_err(|e| format!("{e:#}"))
 }
 
 /// Lets go of the container's namespaces (if the tasks did not already).
 pub fn exit() {
-    let container = state().container.take();
-    drop(container);
+    let step = state().container.take();
+    if super::contain::sent() {
+        // Numbers of the user_init clone's table, not of slurmstepd's.
+        std::mem::forget(step);
+        super::contain::close();
+        return;
+    }
+    drop(step);
 }
 
 /// This node's name, for `%n` in `store_path` and for messages: the host's

@@ -4,6 +4,7 @@
 
 use anyhow::anyhow;
 use std::fs::File;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -51,6 +52,52 @@ pub struct PendingSave {
 }
 
 impl StepContainer {
+    /// Every descriptor this step holds, in a fixed order: the container's
+    /// namespaces, the image hold, the named container's hold. A clone of
+    /// slurmstepd (`contain_spank`) sends them to slurmstepd.
+    pub fn descriptors(&self) -> Vec<RawFd> {
+        let mut fds: Vec<RawFd> = self
+            .container
+            .namespace_fds()
+            .into_iter()
+            .map(|(_, fd)| fd)
+            .collect();
+        fds.extend(self.image_hold.as_ref().map(|h| h.file().as_raw_fd()));
+        fds.extend(
+            self.named
+                .as_ref()
+                .and_then(|n| n.hold.as_ref())
+                .map(|f| f.as_raw_fd()),
+        );
+        fds
+    }
+
+    /// Takes `fds`, this process's copies of [`StepContainer::descriptors`]
+    /// in that order, in place of the numbers held (another process's:
+    /// forgotten, never closed).
+    pub fn adopt_descriptors(&mut self, fds: Vec<OwnedFd>) -> Result<(), String> {
+        let want = self.descriptors().len();
+        if fds.len() != want {
+            return Err(format!(
+                "expected {want} descriptors of the step's container, got {}",
+                fds.len()
+            ));
+        }
+        let namespaces = self.container.namespace_fds().len();
+        let mut fds = fds.into_iter();
+        self.container
+            .adopt_namespace_fds(fds.by_ref().take(namespaces).collect())
+            .map_err(|e| format!("{e:#}"))?;
+        if let Some(hold) = &mut self.image_hold {
+            hold.adopt_file(fds.next().expect("counted above"));
+        }
+        if let Some(hold) = self.named.as_mut().and_then(|n| n.hold.as_mut()) {
+            let fd = fds.next().expect("counted above");
+            std::mem::forget(std::mem::replace(hold, File::from(fd)));
+        }
+        Ok(())
+    }
+
     /// Lets go of the container after the step's last local task, in
     /// order: the namespaces (the saved tree must not change any more), the
     /// named record, the save, its scratch folder, the image hold.

@@ -38,6 +38,14 @@ impl ImageHold {
         &self.file
     }
 
+    /// Takes `file` as the held file: this process's copy of the one
+    /// another process opened (a clone of slurmstepd under
+    /// `contain_spank`). The number held before is that process's: it is
+    /// forgotten, never closed.
+    pub fn adopt_file(&mut self, file: std::os::fd::OwnedFd) {
+        std::mem::forget(std::mem::replace(&mut self.file, File::from(file)));
+    }
+
     /// The sealed file, when root took the hold on a store image: the
     /// holder mounts only this file (see [`crate::seal::check_sealed`]).
     pub fn sealed(&self) -> Option<SealedFile> {

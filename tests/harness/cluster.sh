@@ -217,13 +217,19 @@ build_fake_driver() {
     chmod 0755 "$root/usr/bin/nvidia-smi"
 }
 
-# The cgroups Slurm's cgroup/v1 plugin made for our nodes (slurm_nodeN in
-# each controller), removed once the daemons are gone (empty folders only).
+# The cgroups Slurm's cgroup/v1 plugin made for our jobs (slurm_nodeN/uid_U/
+# job_J in each controller), removed once the daemons are gone (empty
+# folders only). Only this instance's job ids (FirstJobId): the slurm_nodeN
+# and uid_U folders are shared with every other GPU-site instance running
+# beside it (the release roots' clusters run at once), whose steps would
+# fail ("unable to add pids") if their folders vanished under them.
 remove_node_cgroups() {
-    local i c
+    local i c job first=$(((${SUBNET##*.} * 4 + SLOT) * 50000 + 1))
     for ((i = 1; i <= NODES; i++)); do
-        for c in /sys/fs/cgroup/*/slurm_"$(node_name "$i")"; do
+        for c in /sys/fs/cgroup/*/slurm_"$(node_name "$i")"/uid_*/job_*; do
             [[ -d $c ]] || continue
+            job=${c##*/job_}
+            [[ $job =~ ^[0-9]+$ ]] && ((job >= first && job < first + 50000)) || continue
             find "$c" -depth -type d -exec rmdir {} \; 2>/dev/null || true
         done
     done
