@@ -421,11 +421,23 @@ impl Faults {
         self.assert_nodes_idle(what);
     }
 
-    /// Every node idle, with no reason set (`sinfo -N -o '%N %T %E'`).
+    /// Every node idle, with no reason set (`sinfo -N -o '%N %T %E'`), within
+    /// 30 s: right after the queue empties the backfill scheduler may still
+    /// show a node as `planned` for a job that has gone; a drained or failed
+    /// node stays so.
     fn assert_nodes_idle(&self, what: &str) {
-        let run = self
-            .run_as("root", "sinfo", &["-h", "-N", "-o", "%N %T %E"])
-            .ok();
+        let sinfo = || {
+            self.run_as("root", "sinfo", &["-h", "-N", "-o", "%N %T %E"])
+                .ok()
+        };
+        let idle = |out: &str| {
+            out.lines().all(|line| {
+                let fields: Vec<&str> = line.splitn(3, ' ').collect();
+                fields.len() == 3 && fields[1] == "idle" && fields[2] == "none"
+            })
+        };
+        wait_for(Duration::from_secs(30), || idle(&sinfo().stdout));
+        let run = sinfo();
         for line in run.stdout.lines() {
             let fields: Vec<&str> = line.splitn(3, ' ').collect();
             assert!(
