@@ -472,6 +472,19 @@ fn client_with_plugstack_arguments(
     program: &str,
     args: &[&str],
 ) -> Run {
+    client_with_conf(cluster, arguments, &[], program, args)
+}
+
+/// Like [`client_with_plugstack_arguments`], with `files` (name, text)
+/// written beside the copy of slurm.conf; a `slurm.conf` entry among them
+/// is added to the copy's end.
+fn client_with_conf(
+    cluster: &Cluster,
+    arguments: &str,
+    files: &[(&str, &str)],
+    program: &str,
+    args: &[&str],
+) -> Run {
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let plugin = format!(
         "{}/prefix/lib/slurm/spank_berth.so",
@@ -490,9 +503,20 @@ fn client_with_plugstack_arguments(
         .map(|l| format!("{l}\n"))
         .collect();
     conf.push_str(&format!("PlugStackConfig={}\n", plugstack.display()));
+    let mut written = vec![dir.path().to_path_buf(), plugstack.clone()];
+    for (name, text) in files {
+        if *name == "slurm.conf" {
+            conf.push_str(text);
+        } else {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            written.push(path);
+        }
+    }
     let slurm_conf = dir.path().join("slurm.conf");
     std::fs::write(&slurm_conf, conf).unwrap();
-    for path in [dir.path(), &plugstack, &slurm_conf] {
+    written.push(slurm_conf.clone());
+    for path in &written {
         let mode = if path.is_dir() { 0o755 } else { 0o644 };
         std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
     }
@@ -549,4 +573,49 @@ fn log_level_argument_is_checked() {
         &["-N1", "true"],
     )
     .ok();
+}
+
+/// Slurm 25.11's `namespace/linux` with `CLONE_NEWUSER` puts every job in a
+/// user namespace of its own, from which a task cannot enter the
+/// container's: srun refuses a container step before anything is allocated,
+/// naming both settings. (Earlier releases do not know `NamespaceType`.)
+#[test]
+fn namespace_linux_with_user_namespaces_is_refused_at_submission() {
+    let cluster = cluster_or_skip!();
+    if cluster.slurm_release() < (25, 11) {
+        eprintln!(
+            "skipped: Slurm {:?} has no namespace/linux",
+            cluster.slurm_release()
+        );
+        return;
+    }
+    let image = format!("--container-image={}", cluster.image("busybox:latest"));
+    let yaml = "defaults:\n  auto_basepath: true\n  base_path: /var/tmp/berth-ns\n  \
+                clone_ns_flags:\n    - CLONE_NEWPID\n    - CLONE_NEWUSER\n";
+    let files = [
+        ("slurm.conf", "NamespaceType=namespace/linux\n"),
+        ("namespace.yaml", yaml),
+    ];
+    let run = client_with_conf(&cluster, "", &files, "srun", &["-N1", &image, "true"]).failed();
+    assert!(
+        run.stderr.contains("NamespaceType=namespace/linux")
+            && run.stderr.contains("CLONE_NEWUSER")
+            && run.stderr.contains("cannot enter"),
+        "{}",
+        run.stderr
+    );
+    // Without CLONE_NEWUSER the check lets the step through to Slurm.
+    let files = [
+        ("slurm.conf", "NamespaceType=namespace/linux\n"),
+        (
+            "namespace.yaml",
+            "defaults:\n  clone_ns_flags:\n    - CLONE_NEWPID\n",
+        ),
+    ];
+    let run = client_with_conf(&cluster, "", &files, "srun", &["-N1", &image, "true"]);
+    assert!(
+        !run.stderr.contains("cannot enter the container's"),
+        "refused without CLONE_NEWUSER: {}",
+        run.stderr
+    );
 }

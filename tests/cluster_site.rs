@@ -74,17 +74,7 @@ fn task_reports(stdout: &str) -> HashMap<String, HashMap<String, String>> {
 /// tasks: from 23.11 on (`spank_prepend_task_argv`), berth's tasks enter the
 /// container by exec, after Slurm's task setup.
 fn slurm_runs_task_prolog_on_host(cluster: &Cluster) -> bool {
-    let version = cluster
-        .slurm(Submitter::Root, "srun", &["--version"])
-        .stdout;
-    let mut numbers = version
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or_default()
-        .split('.')
-        .map(|n| n.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
-    (major, minor) >= (23, 11)
+    cluster.slurm_release() >= (23, 11)
 }
 
 /// A site TaskProlog gives container tasks what it gives bare ones: its

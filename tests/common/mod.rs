@@ -139,6 +139,19 @@ impl Cluster {
         self.slurm_env(who, program, args, &[])
     }
 
+    /// The cluster's Slurm release as (major, minor), e.g. (24, 11), from
+    /// `srun --version`.
+    pub fn slurm_release(&self) -> (u32, u32) {
+        let version = self.slurm(Submitter::Root, "srun", &["--version"]).stdout;
+        let mut numbers = version
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_default()
+            .split('.')
+            .map(|n| n.parse::<u32>().unwrap_or(0));
+        (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0))
+    }
+
     /// Like `slurm`, with extra environment variables.
     pub fn slurm_env(
         &self,
