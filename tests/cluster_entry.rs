@@ -578,7 +578,8 @@ fn log_level_argument_is_checked() {
 /// Slurm 25.11's `namespace/linux` with `CLONE_NEWUSER` puts every job in a
 /// user namespace of its own, from which a task cannot enter the
 /// container's: srun refuses a container step before anything is allocated,
-/// naming both settings. (Earlier releases do not know `NamespaceType`.)
+/// naming both settings. (Earlier releases do not know `NamespaceType`;
+/// Slurm wants `PrologFlags=Contain` with it.)
 #[test]
 fn namespace_linux_with_user_namespaces_is_refused_at_submission() {
     let cluster = cluster_or_skip!();
@@ -593,7 +594,10 @@ fn namespace_linux_with_user_namespaces_is_refused_at_submission() {
     let yaml = "defaults:\n  auto_basepath: true\n  base_path: /var/tmp/berth-ns\n  \
                 clone_ns_flags:\n    - CLONE_NEWPID\n    - CLONE_NEWUSER\n";
     let files = [
-        ("slurm.conf", "NamespaceType=namespace/linux\n"),
+        (
+            "slurm.conf",
+            "NamespaceType=namespace/linux\nPrologFlags=Contain\n",
+        ),
         ("namespace.yaml", yaml),
     ];
     let run = client_with_conf(&cluster, "", &files, "srun", &["-N1", &image, "true"]).failed();
@@ -606,7 +610,10 @@ fn namespace_linux_with_user_namespaces_is_refused_at_submission() {
     );
     // Without CLONE_NEWUSER the check lets the step through to Slurm.
     let files = [
-        ("slurm.conf", "NamespaceType=namespace/linux\n"),
+        (
+            "slurm.conf",
+            "NamespaceType=namespace/linux\nPrologFlags=Contain\n",
+        ),
         (
             "namespace.yaml",
             "defaults:\n  clone_ns_flags:\n    - CLONE_NEWPID\n",
