@@ -5,6 +5,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::token_file::{now_secs, KeptToken, TokenFile};
+
 /// A parsed `WWW-Authenticate` challenge.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Challenge {
@@ -188,10 +190,13 @@ struct CachedAuth {
     valid_until: Option<Instant>,
 }
 
-/// Authorization values per repository, reused until they expire.
+/// Authorization values per repository, reused until they expire; bearer
+/// tokens also kept in the user's token file when there is one
+/// ([`TokenFile`]), for their next submissions.
 #[derive(Default)]
 pub struct AuthCache {
     entries: Mutex<HashMap<String, CachedAuth>>,
+    file: Option<TokenFile>,
 }
 
 impl std::fmt::Debug for AuthCache {
@@ -201,6 +206,34 @@ impl std::fmt::Debug for AuthCache {
 }
 
 impl AuthCache {
+    /// A cache that starts with the unexpired tokens of `file` and keeps
+    /// new bearer tokens there.
+    pub fn kept_in(file: TokenFile) -> AuthCache {
+        let now = now_secs();
+        let entries = file
+            .load()
+            .into_iter()
+            .map(|(key, kept)| {
+                let left = Duration::from_secs(kept.expires.saturating_sub(now));
+                let auth = CachedAuth {
+                    header: kept.header,
+                    valid_until: Some(Instant::now() + left),
+                };
+                (key, auth)
+            })
+            .collect();
+        AuthCache {
+            entries: Mutex::new(entries),
+            file: Some(file),
+        }
+    }
+
+    /// Whether values may come from the user's token file (so were maybe
+    /// got with credentials by an earlier process).
+    pub fn is_kept(&self) -> bool {
+        self.file.is_some()
+    }
+
     /// The still-valid header value for `key`, if any.
     pub fn get(&self, key: &str) -> Option<String> {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
@@ -216,6 +249,18 @@ impl AuthCache {
 
     /// Remembers `header` for `key`, for `lifetime` (forever when `None`).
     pub fn put(&self, key: &str, header: String, lifetime: Option<Duration>) {
+        if let (Some(file), Some(lifetime)) = (&self.file, lifetime) {
+            if header.starts_with("Bearer ") {
+                let mut kept = file.load();
+                let expires = now_secs() + lifetime.as_secs();
+                let token = KeptToken {
+                    header: header.clone(),
+                    expires,
+                };
+                kept.insert(key.to_string(), token);
+                file.save(&kept);
+            }
+        }
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         entries.insert(
             key.to_string(),
@@ -229,7 +274,14 @@ impl AuthCache {
     /// Forgets `key` (after the registry refused its value).
     pub fn remove(&self, key: &str) {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        entries.remove(key);
+        if entries.remove(key).is_some() {
+            if let Some(file) = &self.file {
+                let mut kept = file.load();
+                if kept.remove(key).is_some() {
+                    file.save(&kept);
+                }
+            }
+        }
     }
 }
 

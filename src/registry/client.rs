@@ -71,6 +71,11 @@ pub struct RegistryOptions {
     pub proxy: ProxySettings,
     /// A site CA bundle (PEM) trusted beside the system's store (`ca_bundle`).
     pub ca_bundle: Option<std::path::PathBuf>,
+    /// Bearer tokens kept between processes in this user's file (the
+    /// submitting user's `srun`s, [`super::token_file`]). Off where what is
+    /// fetched must be known to be anonymous (a pull into the store): a
+    /// kept token counts as a credential sent.
+    pub token_file: Option<super::token_file::TokenFile>,
 }
 
 impl Default for RegistryOptions {
@@ -87,6 +92,7 @@ impl Default for RegistryOptions {
             mirrors: Vec::new(),
             proxy: ProxySettings::from_env(),
             ca_bundle: None,
+            token_file: None,
         }
     }
 }
@@ -178,7 +184,10 @@ impl RegistryClient {
             proxy: options.proxy.clone(),
             insecure: options.insecure_registries.clone(),
             credentials: Arc::clone(&options.credentials),
-            auth: AuthCache::default(),
+            auth: options
+                .token_file
+                .clone()
+                .map_or_else(AuthCache::default, AuthCache::kept_in),
             retry: options.retry,
             mirrors: options.mirrors.clone(),
             used_credentials: std::sync::atomic::AtomicBool::new(false),
@@ -527,9 +536,15 @@ impl RegistryClient {
         accept: Option<&str>,
     ) -> Result<ureq::Response, RegistryError> {
         let registry_origin = origin(url);
-        let cache_key = format!("{}/{}", image.api_host(), image.repository);
+        let cache_key = auth_key(image);
         let mut auth = self.auth.get(&cache_key);
+        if auth.is_some() && self.auth.is_kept() {
+            self.note_credentials();
+        }
         let mut authenticated_now = false;
+        // A kept token the registry now refuses (expired early, revoked,
+        // another scope) is dropped once and a new one asked for.
+        let mut dropped_kept = false;
         let mut url = url.to_string();
         let mut redirects = 0;
         loop {
@@ -576,6 +591,13 @@ impl RegistryClient {
                     url = next.to_string();
                 }
                 Ok(resp) => return Ok(resp),
+                Err(ureq::Error::Status(403, _))
+                    if same_origin && auth.is_some() && !authenticated_now && !dropped_kept =>
+                {
+                    self.auth.remove(&cache_key);
+                    auth = None;
+                    dropped_kept = true;
+                }
                 Err(ureq::Error::Status(401, resp)) if same_origin && !authenticated_now => {
                     self.auth.remove(&cache_key);
                     let challenge = resp
@@ -612,7 +634,7 @@ impl RegistryClient {
     /// Answers a `WWW-Authenticate` challenge; returns the `Authorization` value,
     /// which is also cached for the repository.
     fn authenticate(&self, image: &ImageRef, challenge: &str) -> Result<String, RegistryError> {
-        let cache_key = format!("{}/{}", image.api_host(), image.repository);
+        let cache_key = auth_key(image);
         let user = image.user.as_deref();
         let denied = |status| RegistryError::Denied {
             image: image.to_string(),
@@ -846,6 +868,15 @@ fn host_port(u: &Url) -> String {
 }
 
 /// The URL without its query (pre-signed CDN URLs carry secrets there).
+/// The key of `image`'s authorization values: the registry's API host, the
+/// repository and the login named in the reference (`user@registry#...`).
+fn auth_key(image: &ImageRef) -> String {
+    match &image.user {
+        Some(user) => format!("{user}@{}/{}", image.api_host(), image.repository),
+        None => format!("{}/{}", image.api_host(), image.repository),
+    }
+}
+
 fn strip_query(url: &str) -> String {
     url.split('?').next().unwrap_or(url).to_string()
 }

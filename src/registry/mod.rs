@@ -3,7 +3,8 @@
 //! Owns: manifests and indexes (with platform choice), blob downloads with
 //! digest checks, authentication (anonymous, bearer tokens, basic) and
 //! credentials files. Must not touch the store or the file system beyond
-//! reading credentials: callers hand in writers for blob content.
+//! reading credentials and the submitting user's own token file
+//! ([`token_file`]): callers hand in writers for blob content.
 
 pub mod auth;
 pub mod client;
@@ -17,6 +18,7 @@ pub mod manifest;
 pub mod platform;
 pub mod proxy;
 pub mod retry;
+pub mod token_file;
 pub mod trust;
 
 pub use client::{FetchedManifest, RegistryClient, RegistryOptions, ResolvedImage, Timeouts};

@@ -197,6 +197,49 @@ fn bearer_tokens_are_fetched_once_and_not_sent_elsewhere() {
         .any(|l| l.starts_with("GET /cdn/") && l.ends_with(" auth")));
 }
 
+/// Bearer tokens kept in a token file serve the next client (the user's
+/// next srun) until they expire; one the registry refuses is replaced.
+#[test]
+fn kept_tokens_serve_the_next_process_and_a_refused_one_is_replaced() {
+    use super::token_file::{now_secs, KeptToken, TokenFile};
+    let reg = FakeRegistry::start(FakeAuth::Bearer { login: None });
+    reg.push_image("ns/app", "v1", vec![b"a".to_vec()], &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let file = TokenFile::in_dir(&dir.path().join("berth"));
+    let kept = || RegistryOptions {
+        token_file: Some(file.clone()),
+        ..options(&reg)
+    };
+    let app = image(&reg, "ns/app:v1");
+    for _ in 0..3 {
+        RegistryClient::new(&kept()).top_digest(&app).unwrap();
+    }
+    assert_eq!(reg.count("GET /token"), 1, "one token for three clients");
+    RegistryClient::new(&options(&reg))
+        .top_digest(&app)
+        .unwrap();
+    assert_eq!(reg.count("GET /token"), 2, "no token file, no reuse");
+
+    let mut tokens = file.load();
+    assert_eq!(tokens.len(), 1);
+    for token in tokens.values_mut() {
+        *token = KeptToken {
+            header: "Bearer revoked".to_string(),
+            expires: now_secs() + 300,
+        };
+    }
+    file.save(&tokens);
+    RegistryClient::new(&kept()).top_digest(&app).unwrap();
+    assert_eq!(reg.count("GET /token"), 3, "a refused token is replaced");
+    let replaced = file.load();
+    assert!(
+        replaced.values().all(|t| t.header != "Bearer revoked"),
+        "{replaced:?}"
+    );
+    RegistryClient::new(&kept()).top_digest(&app).unwrap();
+    assert_eq!(reg.count("GET /token"), 3);
+}
+
 #[test]
 fn credentials_for_token_and_basic_auth() {
     let creds_path = Path::new("/home/u/.config/enroot/.credentials");

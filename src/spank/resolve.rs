@@ -10,6 +10,9 @@
 //! the digest resolved at `sbatch` time is what they run unless they name
 //! another image.
 //!
+//! Behind a token service, the bearer token is kept in the user's token
+//! file ([`crate::registry::token_file`]) for their next submissions.
+//!
 //! References that already name a digest and squashfs files pass through
 //! without any network request. When the registry cannot be reached from the
 //! submit host (network, 5xx, token service), submission goes on with a
@@ -24,6 +27,7 @@ use super::handle;
 use super::options::JobOptions;
 use crate::config::Config;
 use crate::reference::{ImageRef, ImageSource};
+use crate::registry::token_file::TokenFile;
 use crate::registry::{RegistryClient, RegistryError, RegistryOptions, RetryPolicy, Timeouts};
 pub use crate::step::pin::{for_step, pin_for, PIN_VARIABLE};
 
@@ -89,6 +93,8 @@ fn submission_options(config: &Config) -> RegistryOptions {
         },
         proxy: config.proxy.clone(),
         ca_bundle: config.ca_bundle.clone(),
+        // The user's tokens, reused by their next submissions.
+        token_file: TokenFile::for_current_user(),
         ..RegistryOptions::default()
     }
 }
