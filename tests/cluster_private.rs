@@ -354,6 +354,169 @@ fn private_images_follow_each_users_credentials() {
     }
 }
 
+/// Requests for `repository`'s manifests in the token registry's log.
+fn manifest_requests(cluster: &Cluster, repository: &str) -> usize {
+    let log = std::fs::read_to_string(cluster.var("BERTH_TEST_TOKEN_REGISTRY_LOG")).unwrap();
+    let needle = format!("/v2/{repository}/manifests/");
+    log.lines().filter(|l| l.contains(&needle)).count()
+}
+
+/// An allocation of every default node as the test user (with their
+/// credentials in `credentials`), running `steps` steps of `image` with
+/// `srun -v`; its stderr (the nodes' setup lines).
+fn allocation_of_steps(cluster: &Cluster, credentials: &str, image: &str, steps: usize) -> String {
+    let n = cluster.var("BERTH_TEST_DEFAULT_NODES");
+    let script = vec![format!("srun -v -N{n} true"); steps].join(" && ");
+    cluster
+        .slurm_env(
+            Submitter::User,
+            "salloc",
+            &[
+                &format!("-N{n}"),
+                &format!("--container-image={image}"),
+                "sh",
+                "-c",
+                &script,
+            ],
+            &[("ENROOT_CONFIG_PATH", credentials)],
+        )
+        .ok()
+        .stderr
+}
+
+/// A private image's access is asked of its registry once per node per
+/// job: the job's later steps on a node that checked it start it with no
+/// helper and no registry request (a root-only grant, gone at the job's
+/// end), and the next job asks again. A public image pinned by digest
+/// never needs the helper once a node has it.
+#[test]
+fn a_private_image_is_checked_once_per_node_per_job() {
+    let Some((cluster, _turn)) = cluster_alone() else {
+        return;
+    };
+    let n: usize = cluster.var("BERTH_TEST_DEFAULT_NODES").parse().unwrap();
+    let repository = format!("private/{}", unique("grant"));
+    let (image, digest) = push_private(&cluster, "busybox:latest", &repository);
+    let (_base, _password, own) = own_enroot_credentials(&cluster);
+    let pinned = format!("{}@{digest}", image.trim_end_matches(":1"));
+    let from_store = |stderr: &str| {
+        stderr
+            .lines()
+            .filter(|l| l.contains(&digest) && l.contains("in the node store"))
+            .count()
+    };
+
+    // The first job pulls on every node.
+    let pulled = allocation_of_steps(&cluster, own.path(), &pinned, 1);
+    assert_eq!(from_store(&pulled), 0, "{pulled}");
+    // A job of three steps: the first asks the registry on each node, the
+    // other two start from the store.
+    let before = manifest_requests(&cluster, &repository);
+    let three = allocation_of_steps(&cluster, own.path(), &pinned, 3);
+    let for_three = manifest_requests(&cluster, &repository) - before;
+    assert_eq!(from_store(&three), 2 * n, "{three}");
+    // The next job of one step asks again, as much as the job of three did.
+    let before = manifest_requests(&cluster, &repository);
+    let next = allocation_of_steps(&cluster, own.path(), &pinned, 1);
+    let for_one = manifest_requests(&cluster, &repository) - before;
+    assert_eq!(from_store(&next), 0, "the grant outlived its job:\n{next}");
+    assert!(
+        for_one >= n,
+        "each node asks the registry: {for_one} requests"
+    );
+    assert_eq!(
+        for_three, for_one,
+        "a job of three steps asked the registry {for_three} times, one step {for_one}"
+    );
+
+    // A public image by digest: from the store on every node, every step.
+    let busybox = cluster.image("busybox:latest");
+    let public_digest = tool(
+        "skopeo",
+        &[
+            "inspect",
+            "--tls-verify=false",
+            "--format",
+            "{{.Digest}}",
+            &format!("docker://{busybox}"),
+        ],
+    );
+    let public = format!("{}@{}", busybox, public_digest.trim());
+    allocation_of_steps(&cluster, own.path(), &public, 1);
+    let again = allocation_of_steps(&cluster, own.path(), &public, 1);
+    assert_eq!(
+        again
+            .lines()
+            .filter(|l| l.contains("/busybox") && l.contains("in the node store"))
+            .count(),
+        n,
+        "{again}"
+    );
+}
+
+/// Token requests from the submit host (srun's resolution of a tag, not
+/// the nodes') for `repository`, in the token server's log.
+fn submission_token_requests(cluster: &Cluster, repository: &str) -> usize {
+    let log = std::fs::read_to_string(
+        Path::new(&cluster.var("BERTH_TEST_STATE_DIR")).join("token-server.log"),
+    )
+    .unwrap();
+    let host = format!(" {} ", cluster.var("BERTH_TEST_BRIDGE_IP"));
+    let scope = repository.replace('/', "%2F");
+    log.lines()
+        .filter(|l| l.contains(&host) && l.contains("GET /token") && l.contains(&scope))
+        .count()
+}
+
+/// A user's sruns by tag reuse the bearer token their first one got from
+/// the token service, kept in a file of theirs (mode 0600) until it
+/// expires; a token that is not theirs alone is not used.
+#[test]
+fn submissions_reuse_the_users_registry_token() {
+    let Some((cluster, _turn)) = cluster_alone() else {
+        return;
+    };
+    let repository = format!("private/{}", unique("token"));
+    let (image, _digest) = push_private(&cluster, "busybox:latest", &repository);
+    let (_base, _password, own) = own_enroot_credentials(&cluster);
+    let option = format!("--container-image={image}");
+    let before = submission_token_requests(&cluster, &repository);
+    for _ in 0..3 {
+        srun_as(
+            &cluster,
+            common::TEST_USER,
+            &[("ENROOT_CONFIG_PATH", own.path())],
+            &[&option, "true"],
+        )
+        .ok();
+    }
+    assert_eq!(
+        submission_token_requests(&cluster, &repository) - before,
+        1,
+        "three sruns by tag asked the token service more than once"
+    );
+    let home = nix::unistd::User::from_name(common::TEST_USER)
+        .unwrap()
+        .unwrap()
+        .dir;
+    let file = home.join(".cache/berth/registry-tokens.json");
+    let meta = std::fs::metadata(&file).unwrap();
+    assert_eq!(meta.uid(), uid_of(common::TEST_USER));
+    assert_eq!(meta.mode() & 0o777, 0o600, "{}", file.display());
+    // Made readable to others, the file is not believed: a new token.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    srun_as(
+        &cluster,
+        common::TEST_USER,
+        &[("ENROOT_CONFIG_PATH", own.path())],
+        &[&option, "true"],
+    )
+    .ok();
+    assert_eq!(submission_token_requests(&cluster, &repository) - before, 2);
+    let meta = std::fs::metadata(&file).unwrap();
+    assert_eq!(meta.mode() & 0o777, 0o600, "replaced by a private file");
+}
+
 /// enroot's `password $(cmd)` form: the command runs as the job's user (it
 /// reads a key only that user can read and records who ran it), once per
 /// step, and the private image is pulled with its output.
@@ -798,12 +961,21 @@ fn a_squashfs_in_another_users_private_folder_is_refused() {
     .ok();
     let store =
         Path::new(&cluster.var("BERTH_TEST_STATE_DIR")).join(format!("nodes/{NODE}/berth-store"));
+    // busybox's own (other stored images may carry a configuration whose
+    // PATH has no `true`).
     let stored = std::fs::read_dir(store.join("images"))
         .unwrap()
         .flatten()
-        .map(|e| e.path().join("image.sqfs"))
-        .find(|p| p.is_file())
-        .expect("a stored squashfs");
+        .map(|e| e.path())
+        .find(|dir| {
+            std::fs::read(dir.join("meta.json"))
+                .ok()
+                .and_then(|m| serde_json::from_slice::<serde_json::Value>(&m).ok())
+                .is_some_and(|meta| meta["repository"] == "busybox")
+                && dir.join("image.sqfs").is_file()
+        })
+        .map(|dir| dir.join("image.sqfs"))
+        .expect("busybox's squashfs in the node store");
     let base = shared_base();
     let private = base.path().join("private");
     std::fs::create_dir(&private).unwrap();

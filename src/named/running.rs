@@ -189,14 +189,11 @@ impl Registry {
     /// The records of node `node` kept below `runtime_dir`
     /// (`<runtime_dir>/named/<node>`: nodes may share a runtime folder).
     pub fn new(runtime_dir: &Path, node: &str) -> Registry {
-        let node = if node.is_empty() || node.contains('/') || node.starts_with('.') {
-            "this-node"
-        } else {
-            node
-        };
         Registry {
             runtime: runtime_dir.to_path_buf(),
-            dir: runtime_dir.join("named").join(node),
+            dir: runtime_dir
+                .join("named")
+                .join(trust::node_folder_name(node)),
         }
     }
 

@@ -32,6 +32,16 @@ fn owner_ok(uid: u32) -> bool {
     uid == 0 || uid == expected_owner()
 }
 
+/// The name of node `node`'s folder below the runtime folder: the node's
+/// name, or `this-node` when it could not name a single folder.
+pub fn node_folder_name(node: &str) -> &str {
+    if node.is_empty() || node.contains('/') || node.starts_with('.') {
+        "this-node"
+    } else {
+        node
+    }
+}
+
 /// Checks the folders above `dir` (not `dir` itself): owned by root or the
 /// caller, and writable only by their owner unless sticky.
 pub fn check_ancestors(dir: &Path) -> Result<()> {

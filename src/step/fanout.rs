@@ -12,7 +12,7 @@
 
 use anyhow::anyhow;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::context::{FanoutStep, StepContext};
 use super::image::{self, run_pull, HeldImage};
@@ -93,7 +93,7 @@ fn receive_side(
     step: &FanoutStep,
     image: &RequestedImage,
     digest: String,
-    lookup: Option<Duration>,
+    lookup: Option<super::timings::Lookup>,
 ) -> anyhow::Result<HeldImage> {
     let started = Instant::now();
     let request = ReceiveRequest {

@@ -4,14 +4,15 @@
 
 use anyhow::anyhow;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use super::context::StepContext;
+use super::grants::Grants;
 use super::request::RequestedImage;
+use super::timings::Lookup;
 use crate::helper::PullSettings;
 use crate::privilege::with_root;
 use crate::puller::{Answer, CredentialsFrom, PullRequest};
-use crate::reference::ImageSource;
+use crate::reference::{ImageRef, ImageSource};
 use crate::store::{ImageHold, Store, StoredImage};
 
 /// The step's image: stored, held for the step (`None`: a squashfs file
@@ -23,7 +24,7 @@ pub struct HeldImage {
     /// The step's shared hold on it.
     pub hold: Option<ImageHold>,
     /// The registry lookup the pull helper reported (`srun -v`).
-    pub lookup: Option<Duration>,
+    pub lookup: Option<Lookup>,
 }
 
 /// Pulls the image and takes a shared hold on it for the step. `berth gc` may
@@ -39,7 +40,7 @@ pub fn hold(
     ctx: &StepContext,
     image: &RequestedImage,
     mut stored: StoredImage,
-    mut lookup: Option<Duration>,
+    mut lookup: Option<Lookup>,
 ) -> anyhow::Result<HeldImage> {
     let store = ctx.store.as_path();
     if stored.manifest_digest.is_none() {
@@ -72,7 +73,7 @@ pub fn hold(
 pub fn pull(
     ctx: &StepContext,
     image: &RequestedImage,
-) -> anyhow::Result<(StoredImage, Option<Duration>)> {
+) -> anyhow::Result<(StoredImage, Option<Lookup>)> {
     match run_pull(ctx, image, false)? {
         (Answer::Stored(stored), lookup) => Ok((*stored, lookup)),
         (Answer::NotInStore(digest), _) => Err(anyhow!(
@@ -173,7 +174,7 @@ pub fn run_pull(
     ctx: &StepContext,
     image: &RequestedImage,
     cached_only: bool,
-) -> anyhow::Result<(Answer, Option<Duration>)> {
+) -> anyhow::Result<(Answer, Option<Lookup>)> {
     let (config, store) = (ctx.config, ctx.store.as_path());
     let reference = match &image.value {
         ImageSource::SquashfsFile(path) => {
@@ -184,6 +185,13 @@ pub fn run_pull(
         }
         ImageSource::Registry(reference) => reference,
     };
+    let started = std::time::Instant::now();
+    if let Some(stored) = in_store_without_registry(ctx, reference) {
+        return Ok((
+            Answer::Stored(Box::new(stored)),
+            Some(Lookup::NodeStore(started.elapsed())),
+        ));
+    }
     let node = host_name();
     // Progress lines reach the user while the pull runs (one per node every
     // few seconds), and the final "pulled" line when the image was fetched.
@@ -199,13 +207,47 @@ pub fn run_pull(
         forward: Some((format!("{node}: {image}"), &show)),
     };
     let pulled = crate::puller::pull(&request, CredentialsFrom::User(&ctx.requester()))?;
+    if let Answer::Stored(stored) = &pulled.answer {
+        record_grant(ctx, reference, stored);
+    }
     super::timings::helper_notes(&pulled.stderr)
         .iter()
         .for_each(|note| ctx.report.user(note));
     Ok((
         pulled.answer,
-        super::timings::lookup_from_helper(&pulled.stderr),
+        super::timings::lookup_from_helper(&pulled.stderr).map(Lookup::Helper),
     ))
+}
+
+/// An image pinned by digest that the node store holds and that this
+/// step may have with no registry request: a public one, or one whose
+/// access the pull helper checked for this job on this node already
+/// ([`Grants`]). Handed out by slurmstepd itself, with no helper process
+/// ([`Store::find_pinned_without_registry`]). Anything else (a private
+/// image not yet checked, a tag, an unreadable store entry or grant) goes
+/// to the pull helper, which checks access and reports errors.
+fn in_store_without_registry(ctx: &StepContext, reference: &ImageRef) -> Option<StoredImage> {
+    reference.digest.as_ref()?;
+    let grants = Grants::new(&ctx.config.runtime_dir, &ctx.node);
+    let granted = |digest: &crate::registry::Digest| {
+        grants
+            .holds(ctx.job, ctx.user.uid, reference, digest.as_str())
+            .unwrap_or(false)
+    };
+    with_root(|| Store::open_unswept(&ctx.store)?.find_pinned_without_registry(reference, granted))
+        .ok()
+        .flatten()
+}
+
+/// After the pull helper handed the job's user `stored` under `reference`'s
+/// name, remembers it for the job's later steps on this node (best effort:
+/// without the grant they ask the registry again).
+fn record_grant(ctx: &StepContext, reference: &ImageRef, stored: &StoredImage) {
+    let Some(digest) = stored.manifest_digest.as_deref() else {
+        return;
+    };
+    let grants = Grants::new(&ctx.config.runtime_dir, &ctx.node);
+    let _ = with_root(|| grants.record(ctx.job, ctx.user.uid, reference, digest));
 }
 
 /// The host's name as the pull's messages show it (the full name, as

@@ -12,7 +12,8 @@
 //!   resolved once (parsed, defaults applied), what the step reads;
 //! - `pin`: the digest submission resolved for the image's tag;
 //! - `spec`: the container spec (shared with `berth run`);
-//! - `image`: pull or import, and hold;
+//! - `image`: pull or import, and hold; `grants`: a private image's access,
+//!   checked once per node per job;
 //! - `fanout`: the fan-out roles (`fanout=sbcast`) and their fall back;
 //! - `named`: `--container-name` (join, reuse or create), and the epilog;
 //! - `manage`: `--container-list` and `--container-remove` (the user's own
@@ -28,6 +29,7 @@ pub mod cancel_watch;
 pub mod container;
 pub mod context;
 pub mod fanout;
+pub mod grants;
 pub mod image;
 pub mod manage;
 pub mod named;

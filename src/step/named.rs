@@ -352,6 +352,11 @@ pub fn job_epilog(job: u32, config: &Config, report: &dyn Report) -> anyhow::Res
     if let Err(e) = Registry::new(&config.runtime_dir, &node).remove_job(job) {
         report.error(&format!("cannot remove the records of job {job}: {e:#}"));
     }
+    if let Err(e) = super::grants::Grants::new(&config.runtime_dir, &node).remove_job(job) {
+        report.error(&format!(
+            "cannot remove the image grants of job {job}: {e:#}"
+        ));
+    }
     if !removed.is_empty() {
         report.verbose(&format!(
             "job {job}: removed its named containers on {node}"

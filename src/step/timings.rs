@@ -50,12 +50,23 @@ fn ms(d: Duration) -> u128 {
     (d.as_secs_f64() * 1e3).round() as u128
 }
 
+/// Who looked the step's image up, and how long it took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup {
+    /// The pull helper (in the registry, or in the store after an access
+    /// check), as it reported.
+    Helper(Duration),
+    /// slurmstepd itself, in the node store: no helper process, no registry
+    /// request (a public image, or access already checked for the job).
+    NodeStore(Duration),
+}
+
 /// The setup line of one node: `NODE: IMAGE: lookup X ms, pull Y ms, mount Z ms`.
 /// `pull` is the whole helper run; the lookup is taken out of it.
 pub fn setup_line(
     node: &str,
     image: &str,
-    lookup: Option<Duration>,
+    lookup: Option<Lookup>,
     pull: Duration,
     mount: Duration,
 ) -> String {
@@ -63,17 +74,21 @@ pub fn setup_line(
 }
 
 /// Where a setup's time went: `lookup X ms, pull Y ms, mount Z ms` (for the
-/// user's `srun -v` line and slurmd's log). `pull` is the whole helper run;
+/// user's `srun -v` line and slurmd's log), or `lookup X ms in the node
+/// store, mount Z ms` when no helper ran. `pull` is the whole helper run;
 /// the lookup is taken out of it.
-pub fn stages(lookup: Option<Duration>, pull: Duration, mount: Duration) -> String {
+pub fn stages(lookup: Option<Lookup>, pull: Duration, mount: Duration) -> String {
     let mut parts = Vec::new();
-    if let Some(lookup) = lookup {
-        parts.push(format!("lookup {} ms", ms(lookup)));
+    match lookup {
+        Some(Lookup::NodeStore(took)) => {
+            parts.push(format!("lookup {} ms in the node store", ms(took)));
+        }
+        Some(Lookup::Helper(took)) => {
+            parts.push(format!("lookup {} ms", ms(took)));
+            parts.push(format!("pull {} ms", ms(pull.saturating_sub(took))));
+        }
+        None => parts.push(format!("pull {} ms", ms(pull))),
     }
-    parts.push(format!(
-        "pull {} ms",
-        ms(pull.saturating_sub(lookup.unwrap_or_default()))
-    ));
     parts.push(format!("mount {} ms", ms(mount)));
     parts.join(", ")
 }
@@ -105,7 +120,7 @@ mod tests {
         let line = setup_line(
             "node1",
             "a:1@sha256:x",
-            lookup,
+            lookup.map(Lookup::Helper),
             Duration::from_millis(142),
             Duration::from_millis(7),
         );
@@ -120,5 +135,13 @@ mod tests {
             vec![takeover.trim_start_matches("berth: ").to_string()]
         );
         assert!(helper_notes(stderr).is_empty());
+        assert_eq!(
+            stages(
+                Some(Lookup::NodeStore(Duration::from_millis(1))),
+                Duration::from_millis(1),
+                Duration::from_millis(7)
+            ),
+            "lookup 1 ms in the node store, mount 7 ms"
+        );
     }
 }

@@ -341,35 +341,90 @@ fn pinned_in_store(
     image: &ImageRef,
     progress: &Progress,
 ) -> Result<Option<StoredImage>> {
-    let Some(pinned) = image.digest.as_deref() else {
+    let Some(found) = store.find_pinned_image(image)? else {
         return Ok(None);
     };
-    let Ok(pinned) = Digest::parse(pinned) else {
-        return Ok(None);
-    };
-    let Some((digest, meta)) = store.find_pinned(&pinned)? else {
-        return Ok(None);
-    };
-    if meta.user_file {
-        // A user's re-packed file: no registry reference names it.
-        return Ok(None);
-    }
-    let Some(mut stored) = store.load(&digest)? else {
-        return Ok(None);
-    };
-    if !origin::public_here(&meta, image) {
+    if !origin::public_here(&found.meta, image) {
         // Asked of the image's own origins, never only of the name the
         // requester gave: denied or unknown, the error says so and nothing
         // from the store is handed out.
-        access_through_origins_or_proof(store, client, &meta, image, &pinned, progress)?;
+        access_through_origins_or_proof(
+            store,
+            client,
+            &found.meta,
+            image,
+            &found.digest,
+            progress,
+        )?;
     }
     progress.say(format!("{image} is already in the store"));
-    store.touch_last_used(&digest);
-    stored.reference = Some(ImageRef {
-        user: None,
-        ..image.with_digest(digest.as_str())
-    });
-    Ok(Some(stored))
+    Ok(Some(found.hand_out(store, image)))
+}
+
+/// A stored image that a digest-pinned reference names (not yet checked
+/// against who asks).
+pub(super) struct PinnedImage {
+    /// Its manifest digest.
+    pub digest: Digest,
+    /// Its `meta.json` (origins).
+    pub meta: ImageMeta,
+    /// The image as stored.
+    pub stored: StoredImage,
+}
+
+impl PinnedImage {
+    /// The image for `image`'s requester, its use recorded for `berth gc`.
+    pub fn hand_out(mut self, store: &Store, image: &ImageRef) -> StoredImage {
+        store.touch_last_used(&self.digest);
+        self.stored.reference = Some(ImageRef {
+            user: None,
+            ..image.with_digest(self.digest.as_str())
+        });
+        self.stored
+    }
+}
+
+impl Store {
+    /// The stored image `image` pins by digest (its manifest digest, or the
+    /// index digest for this platform), when the store has it from a
+    /// registry (a user's re-packed file is never named by a reference).
+    pub(super) fn find_pinned_image(&self, image: &ImageRef) -> Result<Option<PinnedImage>> {
+        let Some(Ok(pinned)) = image.digest.as_deref().map(Digest::parse) else {
+            return Ok(None);
+        };
+        let Some((digest, meta)) = self.find_pinned(&pinned)? else {
+            return Ok(None);
+        };
+        if meta.user_file {
+            return Ok(None);
+        }
+        Ok(self.load(&digest)?.map(|stored| PinnedImage {
+            digest,
+            meta,
+            stored,
+        }))
+    }
+
+    /// The stored image `image` pins by digest, when it may be handed out
+    /// with no registry request: it was downloaded anonymously from that
+    /// very repository ([`origin::public_here`]), or `granted` says that
+    /// this requester's access to its manifest digest was checked already
+    /// (for this job, on this node). What slurmstepd hands out itself, with
+    /// no pull helper; `None` sends the caller to a pull (which asks the
+    /// image's origins for a private one).
+    pub fn find_pinned_without_registry(
+        &self,
+        image: &ImageRef,
+        granted: impl FnOnce(&Digest) -> bool,
+    ) -> Result<Option<StoredImage>> {
+        let Some(found) = self.find_pinned_image(image)? else {
+            return Ok(None);
+        };
+        if !origin::public_here(&found.meta, image) && !granted(&found.digest) {
+            return Ok(None);
+        }
+        Ok(Some(found.hand_out(self, image)))
+    }
 }
 
 /// After `image` resolved (with the caller's credentials) to `digest`, which
