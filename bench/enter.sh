@@ -54,12 +54,8 @@ state=/var/lib/$BERTH_TEST_NAME
 exec_prefix=$state/prefix-exec join_prefix=$state/prefix-join
 make --no-print-directory install-built PREFIX="$exec_prefix" TARGET_DIR="$BENCH_EXEC_TARGET" >/dev/null
 make --no-print-directory install-built PREFIX="$join_prefix" TARGET_DIR="$BENCH_JOIN_TARGET" >/dev/null
-trap '"$REPO"/tests/harness/cluster.sh down >/dev/null 2>&1; "$REPO"/tests/harness/registry.sh down >/dev/null 2>&1' EXIT
-tests/harness/registry.sh up >/dev/null
-source tests/harness/lib.sh >/dev/null
-export BERTH_PLUGSTACK_LINE="required $exec_prefix/lib/slurm/spank_berth.so helper_path=$exec_prefix/bin/berth store_path=$state/nodes/%n/berth-store runtime_path=/run/$BERTH_TEST_NAME/berth insecure_registries=$REGISTRY_ADDR"
-tests/harness/cluster.sh up >/dev/null
-tests/harness/images.sh push busybox >/dev/null
+source bench/lib.sh
+bench_cluster_up "$exec_prefix"
 source "/run/$BERTH_TEST_NAME/env"
 cd "$BERTH_TEST_WORKDIR"
 dropin=$BERTH_TEST_PLUGSTACK_DIR/berth.conf

@@ -1,4 +1,5 @@
-# Shared by the bench scripts (sourced): timing one measured step, medians.
+# Shared by the bench scripts (sourced): a cluster of their own, timing one
+# measured step, medians.
 #
 # bench_ms COMMAND...: its wall time in ms, stdout dropped. A failing step
 # stops the bench, since a failure is not a start time: its stderr is shown,
@@ -19,3 +20,17 @@ bench_ms() {
 
 # median: the median of the numbers on stdin, one per line.
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+
+# bench_cluster_up PREFIX: a registry and a cluster of BERTH_TEST_NAME with
+# berth of PREFIX on the plugstack line and busybox pushed, torn down when
+# the script exits; its env file is /run/$BERTH_TEST_NAME/env. Run from the
+# checkout.
+bench_cluster_up() {
+    local prefix=$1 state=/var/lib/$BERTH_TEST_NAME
+    trap '"$REPO"/tests/harness/cluster.sh down >/dev/null 2>&1; "$REPO"/tests/harness/registry.sh down >/dev/null 2>&1' EXIT
+    tests/harness/registry.sh up >/dev/null
+    source tests/harness/lib.sh >/dev/null
+    export BERTH_PLUGSTACK_LINE="required $prefix/lib/slurm/spank_berth.so helper_path=$prefix/bin/berth store_path=$state/nodes/%n/berth-store runtime_path=/run/$BERTH_TEST_NAME/berth insecure_registries=$REGISTRY_ADDR"
+    tests/harness/cluster.sh up >/dev/null
+    tests/harness/images.sh push busybox >/dev/null
+}

@@ -35,12 +35,8 @@ if [[ -z ${BERTH_TEST_ENV:-} ]]; then
     source tests/harness/rust-env.sh
     PREFIX=/var/lib/$BERTH_TEST_NAME/prefix
     make install PREFIX="$PREFIX" >/dev/null
-    trap '"$REPO"/tests/harness/cluster.sh down >/dev/null 2>&1; "$REPO"/tests/harness/registry.sh down >/dev/null 2>&1' EXIT
-    tests/harness/registry.sh up >/dev/null
-    source tests/harness/lib.sh >/dev/null
-    export BERTH_PLUGSTACK_LINE="required $PREFIX/lib/slurm/spank_berth.so helper_path=$PREFIX/bin/berth store_path=/var/lib/$BERTH_TEST_NAME/nodes/%n/berth-store runtime_path=/run/$BERTH_TEST_NAME/berth insecure_registries=$REGISTRY_ADDR"
-    tests/harness/cluster.sh up >/dev/null
-    tests/harness/images.sh push busybox >/dev/null
+    source bench/lib.sh
+    bench_cluster_up "$PREFIX"
     BERTH_TEST_ENV=/run/$BERTH_TEST_NAME/env
 fi
 source "$BERTH_TEST_ENV"

@@ -15,7 +15,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{Cluster, Submitter, BOTH};
+use common::{Cluster, PlugstackKeys, Submitter, BOTH};
 
 macro_rules! cluster_or_skip {
     () => {
@@ -28,35 +28,6 @@ macro_rules! cluster_or_skip {
 
 /// One test at a time: each changes the plugstack line.
 static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// The plugstack line with extra keys until dropped.
-struct SiteLine {
-    file: PathBuf,
-    original: String,
-}
-
-impl SiteLine {
-    fn set(cluster: &Cluster, keys: &str) -> SiteLine {
-        let file = Path::new(&cluster.var("BERTH_TEST_PLUGSTACK_DIR")).join("berth.conf");
-        let original = std::fs::read_to_string(&file).unwrap();
-        replace_atomically(&file, &format!("{} {keys}\n", original.trim_end()));
-        SiteLine { file, original }
-    }
-}
-
-impl Drop for SiteLine {
-    fn drop(&mut self) {
-        replace_atomically(&self.file, &self.original);
-    }
-}
-
-/// Writes `text` to `file` through a rename: Slurm never reads half a line.
-fn replace_atomically(file: &Path, text: &str) {
-    let temp = file.with_extension("conf-new");
-    std::fs::write(&temp, text).unwrap();
-    std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o644)).unwrap();
-    std::fs::rename(&temp, file).unwrap();
-}
 
 /// Removes a folder when dropped, also after a failed assertion.
 struct Removed(PathBuf);
@@ -189,7 +160,7 @@ fn a_site_hook_runs_as_the_user_and_its_variable_and_mount_reach_the_task() {
         std::fs::Permissions::from_mode(0o644),
     )
     .unwrap();
-    let _line = SiteLine::set(
+    let _line = PlugstackKeys::add(
         &cluster,
         &format!("enroot_config_path={}", site.0.display()),
     );
@@ -256,7 +227,7 @@ fn a_failing_hook_fails_the_step_with_its_name_and_stderr_and_drains_nothing() {
              echo \"license server unreachable for uid $(id -u)\" >&2\nexit 3\n",
         )],
     );
-    let _line = SiteLine::set(
+    let _line = PlugstackKeys::add(
         &cluster,
         &format!("enroot_config_path={}", site.0.display()),
     );
@@ -295,7 +266,7 @@ fn a_hanging_hook_is_killed_at_the_time_limit() {
             "#!/bin/sh\nsleep 7391 &\necho 'waiting for ever' >&2\nsleep 7391\n",
         )],
     );
-    let _line = SiteLine::set(
+    let _line = PlugstackKeys::add(
         &cluster,
         &format!(
             "enroot_config_path={} enroot_hook_timeout=3",
@@ -354,7 +325,7 @@ fn a_daemon_a_hook_leaves_in_its_own_session_is_killed() {
             "#!/bin/sh\nsetsid sleep 7392 </dev/null >/dev/null 2>&1 &\nexit 0\n",
         )],
     );
-    let _line = SiteLine::set(
+    let _line = PlugstackKeys::add(
         &cluster,
         &format!("enroot_config_path={}", site.0.display()),
     );

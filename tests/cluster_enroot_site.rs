@@ -11,7 +11,7 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use common::{enroot_layout_file, give_to, Cluster, Submitter, BOTH};
+use common::{enroot_layout_file, give_to, Cluster, PlugstackKeys, Submitter, BOTH};
 
 macro_rules! cluster_or_skip {
     () => {
@@ -34,43 +34,13 @@ const REPORT: &str = "echo uid=$(id -u) var=$SITE_VAR job=$SITE_JOB; \
      grep -c ' /site-tmp ' /proc/self/mounts | sed 's/^/tmpfs=/'; \
      test -e /maybe && echo maybe=there || echo maybe=absent";
 
-/// The plugstack line with `enroot_config_path=DIR` until dropped.
-struct SiteLine {
-    file: PathBuf,
-    original: String,
-}
-
-impl SiteLine {
-    fn set(cluster: &Cluster, dir: &Path) -> SiteLine {
-        SiteLine::set_with(cluster, dir, "")
-    }
-
-    /// With `extra` words on the line too.
-    fn set_with(cluster: &Cluster, dir: &Path, extra: &str) -> SiteLine {
-        let file = Path::new(&cluster.var("BERTH_TEST_PLUGSTACK_DIR")).join("berth.conf");
-        let original = std::fs::read_to_string(&file).unwrap();
-        let line = format!(
-            "{} enroot_config_path={} {extra}\n",
-            original.trim_end(),
-            dir.display()
-        );
-        replace_atomically(&file, &line);
-        SiteLine { file, original }
-    }
-}
-
-impl Drop for SiteLine {
-    fn drop(&mut self) {
-        replace_atomically(&self.file, &self.original);
-    }
-}
-
-/// Writes `text` to `file` through a rename: Slurm never reads half a line.
-fn replace_atomically(file: &Path, text: &str) {
-    let temp = file.with_extension("conf-new");
-    std::fs::write(&temp, text).unwrap();
-    std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o644)).unwrap();
-    std::fs::rename(&temp, file).unwrap();
+/// The plugstack line with `enroot_config_path=DIR` (and `extra` keys)
+/// until dropped.
+fn site_line(cluster: &Cluster, dir: &Path, extra: &str) -> PlugstackKeys {
+    PlugstackKeys::add(
+        cluster,
+        &format!("enroot_config_path={} {extra}", dir.display()),
+    )
 }
 
 /// Removes a folder when dropped, also after a failed assertion.
@@ -156,7 +126,7 @@ fn an_enroot_site_folder_sets_defaults_mounts_and_variables() {
     std::fs::create_dir_all(&data).unwrap();
     let _data_gone = Removed(data.clone());
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let _line = SiteLine::set(&cluster, &dir);
+    let _line = site_line(&cluster, &dir, "");
     for who in BOTH {
         let run = report(&cluster, who, &data, &[]).ok();
         let lines: Vec<&str> = run.stdout.lines().collect();
@@ -234,7 +204,7 @@ fn a_site_file_others_can_write_is_not_used() {
     let drop_in = dir.join("enroot.conf.d/90-open.conf");
     write(&drop_in, "ENROOT_REMAP_ROOT yes\n");
     std::fs::set_permissions(&drop_in, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let _line = SiteLine::set(&cluster, &dir);
+    let _line = site_line(&cluster, &dir, "");
     let image = format!("--container-image={}", cluster.image("busybox:latest"));
     for who in BOTH {
         let run = cluster.srun(who, &["-N1", &image, "id", "-u"]).ok();
@@ -280,7 +250,7 @@ fn a_pyxis_enroot_site_runs_its_jobs_unchanged() {
     std::fs::create_dir_all(&data).unwrap();
     let _data_gone = Removed(data.clone());
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let _line = SiteLine::set_with(&cluster, &dir, PYXIS_KEYS);
+    let _line = site_line(&cluster, &dir, PYXIS_KEYS);
     let work = cluster.var("BERTH_TEST_WORKDIR");
     for who in BOTH {
         // A registry image: enroot.conf's remapped root and read-only root,

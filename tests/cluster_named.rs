@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::{Cluster, Submitter, BOTH};
+use common::{Cluster, PlugstackKeys, Submitter, BOTH};
 
 macro_rules! cluster_or_skip {
     () => {
@@ -204,36 +204,6 @@ $S --container-name=live:exec true 2>&1 | sed 's/^/exec-after:/'
     }
 }
 
-/// Puts `container_scope=global` on the cluster's plugstack line until dropped.
-struct GlobalScope {
-    file: PathBuf,
-    original: String,
-}
-
-impl GlobalScope {
-    fn set(cluster: &Cluster) -> GlobalScope {
-        let file = Path::new(&cluster.var("BERTH_TEST_PLUGSTACK_DIR")).join("berth.conf");
-        let original = std::fs::read_to_string(&file).unwrap();
-        let line = format!("{} container_scope=global\n", original.trim_end());
-        replace_atomically(&file, &line);
-        GlobalScope { file, original }
-    }
-}
-
-impl Drop for GlobalScope {
-    fn drop(&mut self) {
-        replace_atomically(&self.file, &self.original);
-    }
-}
-
-/// Writes `text` to `file` through a rename: Slurm never reads half a line.
-fn replace_atomically(file: &Path, text: &str) {
-    let temp = file.with_extension("conf-new");
-    std::fs::write(&temp, text).unwrap();
-    std::fs::set_permissions(&temp, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
-    std::fs::rename(&temp, file).unwrap();
-}
-
 #[test]
 fn global_containers_persist_across_jobs_and_stay_private() {
     let cluster = cluster_or_skip!();
@@ -244,7 +214,7 @@ fn global_containers_persist_across_jobs_and_stay_private() {
     let name = format!("g{}", std::process::id());
     let berth = berth(&cluster);
     let store_arg = format!("--store={}", store.display());
-    let _global = GlobalScope::set(&cluster);
+    let _global = PlugstackKeys::add(&cluster, "container_scope=global");
     let srun = |who: Submitter, args: &[&str]| {
         let mut all = vec!["-N1", "-w", &node];
         all.extend_from_slice(args);
@@ -329,7 +299,7 @@ fn users_list_and_remove_their_own_named_containers_through_srun() {
     let store = cluster.node_store(&node);
     let name = format!("m{}", std::process::id());
     let root_only = format!("{name}-root");
-    let _global = GlobalScope::set(&cluster);
+    let _global = PlugstackKeys::add(&cluster, "container_scope=global");
     let srun = |who: Submitter, args: &[&str]| {
         let mut all = vec!["-N1", "-w", &node];
         all.extend_from_slice(args);

@@ -636,3 +636,37 @@ fi
         .unwrap();
     assert!(out.status.success(), "gensquashfs: {out:?}");
 }
+
+/// The cluster's plugstack line with more keys until dropped (tests that
+/// change it hold their file's lock, so one runs at a time).
+pub struct PlugstackKeys {
+    file: std::path::PathBuf,
+    original: String,
+}
+
+impl PlugstackKeys {
+    /// Adds `keys` (`key=value ...`) to the end of the line.
+    pub fn add(cluster: &Cluster, keys: &str) -> PlugstackKeys {
+        let file =
+            std::path::Path::new(&cluster.var("BERTH_TEST_PLUGSTACK_DIR")).join("berth.conf");
+        let original =
+            std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        replace_atomically(&file, &format!("{} {keys}\n", original.trim_end()));
+        PlugstackKeys { file, original }
+    }
+}
+
+impl Drop for PlugstackKeys {
+    fn drop(&mut self) {
+        replace_atomically(&self.file, &self.original);
+    }
+}
+
+/// Writes `text` to `file` through a rename: Slurm never reads half a line.
+pub fn replace_atomically(file: &std::path::Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let temp = file.with_extension("conf-new");
+    std::fs::write(&temp, text).unwrap();
+    std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::rename(&temp, file).unwrap();
+}
