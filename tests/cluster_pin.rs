@@ -284,7 +284,7 @@ fn quiet_by_default_and_missing_images_fail_at_submission() {
         .filter(|l| l.contains(&format!("berth: job {job} step 0: container for image")))
         .collect();
     assert_eq!(setup.len(), 1, "{log_path}:\n{}", setup.join("\n"));
-    for part in [digest.as_str(), "(lookup ", " ms, mount ", " ms) in "] {
+    for part in [digest.as_str(), "(lookup ", ", mount ", " ms) in "] {
         assert!(setup[0].contains(part), "no '{part}' in {}", setup[0]);
     }
     // The helper's pull, or slurmstepd's own lookup of a stored public image.
