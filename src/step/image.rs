@@ -234,9 +234,12 @@ fn in_store_without_registry(ctx: &StepContext, reference: &ImageRef) -> Option<
             .holds(ctx.job, ctx.user.uid, reference, digest.as_str())
             .unwrap_or(false)
     };
-    with_root(|| Store::open_unswept(&ctx.store)?.find_pinned_without_registry(reference, granted))
-        .ok()
-        .flatten()
+    with_root(|| {
+        Store::open_existing(&ctx.store)?
+            .find_pinned_without_registry(reference, granted)
+            .ok()
+            .flatten()
+    })
 }
 
 /// After the pull helper handed the job's user `stored` under `reference`'s

@@ -106,11 +106,15 @@ impl Store {
     /// the file is made when missing, never through a link).
     pub(super) fn touch_last_used(&self, digest: &Digest) {
         let relative = Store::image_file(digest, super::catalog::LAST_USED);
+        // Root (slurmstepd's own lookup) only touches a file the pull user
+        // made: one root created would be root's, which the pull user could
+        // not touch again.
+        let create = if super::is_root() { 0 } else { libc::O_CREAT };
         let opened = self.files().ok().and_then(|files| {
             files
                 .open_regular(
                     &relative,
-                    libc::O_WRONLY | libc::O_CREAT,
+                    libc::O_WRONLY | create,
                     0o644,
                     &self.file_owners(),
                 )

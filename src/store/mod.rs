@@ -289,6 +289,27 @@ impl Store {
         self.shared.is_some()
     }
 
+    /// The store at `root` when it exists with every folder a lookup
+    /// reads or a pull needs on this host; `None` otherwise. Creates
+    /// nothing: root's own lookup must leave a store's making to the pull
+    /// user (a folder root made there would be root's).
+    pub fn open_existing(root: impl AsRef<Path>) -> Option<Store> {
+        let root = root.as_ref().to_path_buf();
+        let shared = shared::is_marked(&root).then(SharedSettings::default);
+        let store = Store { root, shared };
+        [
+            store.root.join("blobs"),
+            store.blobs_dir(),
+            store.images_dir(),
+            store.root.join("tmp"),
+            store.tmp_dir(),
+            store.locks_dir(),
+        ]
+        .iter()
+        .all(|dir| dir.is_dir())
+        .then_some(store)
+    }
+
     /// Like [`Store::open`], but leaves temp files of dead writers for
     /// [`Store::gc`] to remove and report.
     pub fn open_unswept(root: impl AsRef<Path>) -> Result<Store> {
