@@ -15,8 +15,9 @@
 //!
 //! What a layer decides is only applied to the layers below it once the layer
 //! is read, so whiteouts never hide the same layer's entries. Whiteout files
-//! never appear in the output. Memory holds paths (a few bytes per path of the
-//! image), never file content.
+//! never appear in the output. Memory holds paths, never file content: each
+//! path once, as a name below its parent's (see [`paths`]), under 100 bytes a
+//! path.
 //!
 //! Headers are preserved (type, mode bits including setuid/setgid/sticky,
 //! owner, mtime, link names, device numbers, PAX records such as
@@ -50,6 +51,7 @@ use anyhow::{bail, Context, Result};
 use tar::{Archive, Builder, EntryType, Header};
 
 use super::layer::Layer;
+use paths::{Local, Out, PathId, Paths, ROOT};
 
 /// How many warnings are kept in full; the rest are only counted.
 const MAX_WARNINGS: usize = 50;
@@ -155,17 +157,6 @@ fn is_supported(t: EntryType) -> bool {
     )
 }
 
-/// What the output holds at a path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Out {
-    /// A directory with no entry of its own (written at the end).
-    Implicit,
-    /// A directory entry.
-    Dir,
-    /// A non-directory: the layer and tar ordinal of the entry written there.
-    NonDir { layer: u32, ordinal: u32 },
-}
-
 /// Where a hard link's content comes from.
 #[derive(Debug, Clone)]
 enum Source {
@@ -173,29 +164,21 @@ enum Source {
     /// it is written at that path.
     Here {
         ordinal: u32,
-        path: Vec<u8>,
+        target: PathId,
         written: bool,
     },
     /// Whatever the lower layers hold at this path.
-    Lower(Vec<u8>),
+    Lower(PathId),
     /// Nothing usable: why.
     Broken(String),
-}
-
-/// An entry of the layer being read, for hard links that name it.
-#[derive(Debug, Clone)]
-enum Local {
-    Dir,
-    Entry { ordinal: u32, written: bool },
-    Link(Source),
 }
 
 /// A written hard link whose target is in a lower layer.
 #[derive(Debug)]
 struct LowerLink {
     layer: u32,
-    path: Vec<u8>,
-    target: Vec<u8>,
+    path: PathId,
+    target: PathId,
     found: Option<Found>,
 }
 
@@ -205,7 +188,7 @@ enum Found {
     Entry {
         layer: u32,
         ordinal: u32,
-        path: Vec<u8>,
+        path: PathId,
         written: bool,
     },
     Broken(String),
@@ -243,8 +226,9 @@ pub fn write_flattened<W: Write>(
 ) -> Result<Flattened> {
     let mut f = Flattener {
         builder: Builder::new(out),
-        upper: HashMap::new(),
-        out: HashMap::new(),
+        paths: Paths::new(),
+        chain: Vec::new(),
+        links: HashMap::new(),
         copies: BTreeMap::new(),
         lower_links: Vec::new(),
         wanted: HashMap::new(),
@@ -262,7 +246,7 @@ pub fn write_flattened<W: Write>(
     Ok(Flattened {
         entries: f.stats.entries,
         bytes: f.stats.bytes,
-        paths: f.out.keys().filter(|p| !p.is_empty()).count(),
+        paths: f.paths.out_count(),
         reread_layers: reread,
         warnings: f.warnings.into_vec(),
     })
@@ -277,16 +261,19 @@ enum Kind {
 
 struct Flattener<W: Write> {
     builder: Builder<W>,
-    /// Marks of the layers above the one being read.
-    upper: HashMap<Vec<u8>, u8>,
-    /// What the output holds (root included, as `b""`).
-    out: HashMap<Vec<u8>, Out>,
+    /// Every path met, with the upper layers' marks, the current layer's,
+    /// and what the output holds there.
+    paths: Paths,
+    /// The ancestors of the entry being read (root first).
+    chain: Vec<PathId>,
+    /// Sources of the current layer's hard links.
+    links: HashMap<PathId, Source>,
     /// Deferred copies: (layer, ordinal) of a hidden entry -> link paths
     /// that get its content (the first) or a hard link to the first.
-    copies: BTreeMap<(u32, u32), Vec<Vec<u8>>>,
+    copies: BTreeMap<(u32, u32), Vec<PathId>>,
     lower_links: Vec<LowerLink>,
     /// Target path -> indexes into `lower_links` still looking for it.
-    wanted: HashMap<Vec<u8>, Vec<usize>>,
+    wanted: HashMap<PathId, Vec<usize>>,
     stats: EmitStats,
     warnings: Warnings,
 }
@@ -298,15 +285,13 @@ enum Ancestors {
     /// An upper layer hides the entry through an ancestor.
     Hidden,
     /// The same layer has a non-directory at an ancestor: the entry is junk.
-    Conflict(Vec<u8>),
+    Conflict(PathId),
 }
 
 impl<W: Write> Flattener<W> {
     fn layer(&mut self, index: u32, layer: &Layer) -> Result<()> {
         let name = layer.name().to_string();
         let mut archive = Archive::new(layer.open_tar_pipelined()?);
-        let mut pending: HashMap<Vec<u8>, u8> = HashMap::new();
-        let mut local: HashMap<Vec<u8>, Local> = HashMap::new();
         let entries = archive
             .entries()
             .with_context(|| format!("cannot read layer {name} as a tar archive"))?;
@@ -317,12 +302,11 @@ impl<W: Write> Flattener<W> {
                 )
             })?;
             let ordinal = u32::try_from(ordinal).context("layer has more than 2^32 entries")?;
-            self.entry(index, &name, ordinal, &mut entry, &mut pending, &mut local)
+            self.entry(index, &name, ordinal, &mut entry)
                 .with_context(|| format!("cannot copy entry {ordinal} of layer {name}"))?;
         }
-        for (path, marks) in pending {
-            *self.upper.entry(path).or_default() |= marks;
-        }
+        self.paths.end_layer();
+        self.links.clear();
         Ok(())
     }
 
@@ -332,8 +316,6 @@ impl<W: Write> Flattener<W> {
         name: &str,
         ordinal: u32,
         entry: &mut tar::Entry<R>,
-        pending: &mut HashMap<Vec<u8>, u8>,
-        local: &mut HashMap<Vec<u8>, Local>,
     ) -> Result<()> {
         let etype = entry.header().entry_type();
         if etype == EntryType::XGlobalHeader {
@@ -360,12 +342,13 @@ impl<W: Write> Flattener<W> {
         let (parent, base) = split_parent(&path);
         if let Some(hidden) = base.strip_prefix(b".wh.") {
             if hidden == b".wh..opq" {
-                *pending.entry(parent.to_vec()).or_default() |= mark::OPAQUE;
+                let dir = self.paths.resolve(parent, &mut self.chain);
+                self.paths.add_pending(dir, mark::OPAQUE);
             } else if hidden.starts_with(b".wh.") || hidden.is_empty() {
                 // aufs bookkeeping (.wh..wh.plnk, ...) or a bare ".wh.": never shown.
             } else {
-                let gone = join(parent, hidden);
-                *pending.entry(gone).or_default() |= mark::WHITEOUT;
+                let gone = self.paths.resolve(&join(parent, hidden), &mut self.chain);
+                self.paths.add_pending(gone, mark::WHITEOUT);
             }
             return Ok(());
         }
@@ -394,22 +377,23 @@ impl<W: Write> Flattener<W> {
             _ => Kind::NonDir,
         };
         let is_dir = matches!(kind, Kind::Dir);
-        let ancestors = self.open_ancestors(&path, pending);
-        if let Ancestors::Conflict(at) = &ancestors {
+        let id = self.paths.resolve(&path, &mut self.chain);
+        let ancestors = self.open_ancestors();
+        if let Ancestors::Conflict(at) = ancestors {
             self.warnings.push(format!(
                 "layer {name}: skipped {}: the same layer has a non-directory at {}",
                 show(&path),
-                show(at)
+                show(&self.paths.path(at))
             ));
             return Ok(());
         }
-        let own = self.upper.get(&path).copied().unwrap_or(0);
+        let own = self.paths.upper(id);
         let visible = matches!(ancestors, Ancestors::Open)
             && own & (mark::WHITEOUT | mark::NONDIR | mark::DIR) == 0
             && (is_dir || own & mark::IMPLICIT == 0);
-        let seen = pending.entry(path.clone()).or_default();
-        if *seen & (mark::DIR | mark::NONDIR) != 0 {
-            if !(is_dir && *seen & mark::DIR != 0) {
+        let seen = self.paths.pending(id);
+        if seen & (mark::DIR | mark::NONDIR) != 0 {
+            if !(is_dir && seen & mark::DIR != 0) {
                 self.warnings.push(format!(
                     "layer {name}: skipped a second entry for {} (the first is kept)",
                     show(&path)
@@ -417,7 +401,8 @@ impl<W: Write> Flattener<W> {
             }
             return Ok(());
         }
-        *seen |= if is_dir { mark::DIR } else { mark::NONDIR };
+        self.paths
+            .add_pending(id, if is_dir { mark::DIR } else { mark::NONDIR });
 
         let this = match kind {
             Kind::Dir => {
@@ -426,7 +411,7 @@ impl<W: Write> Flattener<W> {
                     let header = entry.header().clone();
                     let pax = pax_records(entry)?;
                     write_entry(&mut self.builder, header, &pax, at, entry, &mut self.stats)?;
-                    self.out.insert(path.clone(), Out::Dir);
+                    self.paths.set_out(id, Out::Dir);
                 }
                 Local::Dir
             }
@@ -442,8 +427,7 @@ impl<W: Write> Flattener<W> {
                         entry,
                         &mut self.stats,
                     )?;
-                    self.out
-                        .insert(path.clone(), Out::NonDir { layer, ordinal });
+                    self.paths.set_out(id, Out::NonDir);
                 }
                 Local::Entry {
                     ordinal,
@@ -451,64 +435,60 @@ impl<W: Write> Flattener<W> {
                 }
             }
             Kind::Link(target) => {
-                let source = match local.get(&target) {
-                    Some(Local::Dir) => {
-                        Source::Broken(format!("its target {} is a directory", show(&target)))
-                    }
-                    Some(Local::Entry { ordinal, written }) => Source::Here {
-                        ordinal: *ordinal,
-                        path: target.clone(),
-                        written: *written,
+                let target = self.paths.resolve(&target, &mut Vec::new());
+                let source = match self.paths.local(target) {
+                    Local::Dir => Source::Broken(format!(
+                        "its target {} is a directory",
+                        show(&self.paths.path(target))
+                    )),
+                    Local::Entry { ordinal, written } => Source::Here {
+                        ordinal,
+                        target,
+                        written,
                     },
-                    Some(Local::Link(source)) => source.clone(),
-                    None => Source::Lower(target.clone()),
+                    Local::Link => self.links[&target].clone(),
+                    Local::Nothing => Source::Lower(target),
                 };
                 if visible {
-                    self.link(layer, ordinal, &path, &source, entry)?;
+                    self.link(layer, id, &path, &source, entry)?;
                 }
-                Local::Link(source)
+                self.links.insert(id, source);
+                Local::Link
             }
         };
-        self.found_wanted(layer, &path, &this);
-        local.insert(path, this);
+        self.paths.set_local(id, this);
+        self.found_wanted(layer, id);
         Ok(())
     }
 
-    /// Checks the ancestors of `path` (root first) against the upper layers'
-    /// marks; marks those still open as directories of the output.
-    fn open_ancestors(&mut self, path: &[u8], pending: &mut HashMap<Vec<u8>, u8>) -> Ancestors {
-        if path.is_empty() {
-            return Ancestors::Open;
-        }
-        let slashes = path
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| **b == b'/')
-            .map(|(i, _)| i);
-        for end in std::iter::once(0).chain(slashes) {
-            let ancestor = &path[..end];
-            let marks = self.upper.get(ancestor).copied().unwrap_or(0);
+    /// Checks the ancestors of the entry being read (`chain`, root first)
+    /// against the upper layers' marks; marks those still open as
+    /// directories of the output.
+    fn open_ancestors(&mut self) -> Ancestors {
+        for &ancestor in &self.chain {
+            let marks = self.paths.upper(ancestor);
             if marks & (mark::WHITEOUT | mark::OPAQUE | mark::NONDIR) != 0 {
                 return Ancestors::Hidden;
             }
-            if ancestor.is_empty() {
+            if ancestor == ROOT {
                 continue;
             }
-            let here = pending.entry(ancestor.to_vec()).or_default();
-            if *here & mark::NONDIR != 0 {
-                return Ancestors::Conflict(ancestor.to_vec());
+            if self.paths.pending(ancestor) & mark::NONDIR != 0 {
+                return Ancestors::Conflict(ancestor);
             }
-            *here |= mark::IMPLICIT;
-            self.out.entry(ancestor.to_vec()).or_insert(Out::Implicit);
+            self.paths.add_pending(ancestor, mark::IMPLICIT);
+            if self.paths.out(ancestor) == Out::Nothing {
+                self.paths.set_out(ancestor, Out::Implicit);
+            }
         }
         Ancestors::Open
     }
 
-    /// Writes (or defers) a visible hard link at `path`.
+    /// Writes (or defers) a visible hard link at `path` (whose id is `id`).
     fn link<R: Read>(
         &mut self,
         layer: u32,
-        ordinal: u32,
+        id: PathId,
         path: &[u8],
         source: &Source,
         entry: &mut tar::Entry<R>,
@@ -520,43 +500,39 @@ impl<W: Write> Flattener<W> {
                 return Ok(());
             }
             Source::Here {
-                path: target,
+                target,
                 written: true,
                 ..
             } => {
                 let header = entry.header().clone();
                 let pax = pax_records(entry)?;
-                write_hardlink(&mut self.builder, header, &pax, path, target)?;
+                let target = self.paths.path(*target);
+                write_hardlink(&mut self.builder, header, &pax, path, &target)?;
                 self.stats.entries += 1;
             }
             Source::Here {
                 ordinal: source, ..
-            } => self
-                .copies
-                .entry((layer, *source))
-                .or_default()
-                .push(path.to_vec()),
+            } => self.copies.entry((layer, *source)).or_default().push(id),
             Source::Lower(target) => {
                 self.wanted
-                    .entry(target.clone())
+                    .entry(*target)
                     .or_default()
                     .push(self.lower_links.len());
                 self.lower_links.push(LowerLink {
                     layer,
-                    path: path.to_vec(),
-                    target: target.clone(),
+                    path: id,
+                    target: *target,
                     found: None,
                 });
             }
         }
-        self.out
-            .insert(path.to_vec(), Out::NonDir { layer, ordinal });
+        self.paths.set_out(id, Out::NonDir);
         Ok(())
     }
 
-    /// Hands this layer's entry at `path` to links of upper layers naming it.
-    fn found_wanted(&mut self, layer: u32, path: &[u8], this: &Local) {
-        let Some(waiting) = self.wanted.get_mut(path) else {
+    /// Hands this layer's entry at `id` to links of upper layers naming it.
+    fn found_wanted(&mut self, layer: u32, id: PathId) {
+        let Some(waiting) = self.wanted.get_mut(&id) else {
             return;
         };
         let links = &mut self.lower_links;
@@ -566,29 +542,35 @@ impl<W: Write> Flattener<W> {
             return;
         }
         *waiting = later;
-        let found = match this {
-            Local::Dir => Found::Broken(format!("its target {} is a directory", show(path))),
+        let found = match self.paths.local(id) {
+            Local::Dir => Found::Broken(format!(
+                "its target {} is a directory",
+                show(&self.paths.path(id))
+            )),
             Local::Entry { ordinal, written } => Found::Entry {
                 layer,
-                ordinal: *ordinal,
-                path: path.to_vec(),
-                written: *written,
-            },
-            Local::Link(Source::Here {
                 ordinal,
-                path,
+                path: id,
                 written,
-            }) => Found::Entry {
-                layer,
-                ordinal: *ordinal,
-                path: path.clone(),
-                written: *written,
             },
-            Local::Link(Source::Lower(_)) => Found::Broken(format!(
-                "its target {} is a hard link to a lower layer again",
-                show(path)
-            )),
-            Local::Link(Source::Broken(why)) => Found::Broken(why.clone()),
+            Local::Link => match &self.links[&id] {
+                Source::Here {
+                    ordinal,
+                    target,
+                    written,
+                } => Found::Entry {
+                    layer,
+                    ordinal: *ordinal,
+                    path: *target,
+                    written: *written,
+                },
+                Source::Lower(_) => Found::Broken(format!(
+                    "its target {} is a hard link to a lower layer again",
+                    show(&self.paths.path(id))
+                )),
+                Source::Broken(why) => Found::Broken(why.clone()),
+            },
+            Local::Nothing => return,
         };
         for i in now {
             links[i].found = Some(found.clone());
@@ -607,7 +589,9 @@ impl<W: Write> Flattener<W> {
                     // The inode's metadata is the target's: the header is a stub.
                     let mut header = Header::new_gnu();
                     header.set_mode(0o644);
-                    write_hardlink(&mut self.builder, header, &[], &link.path, &path)?;
+                    let at = self.paths.path(link.path);
+                    let target = self.paths.path(path);
+                    write_hardlink(&mut self.builder, header, &[], &at, &target)?;
                     self.stats.entries += 1;
                 }
                 Some(Found::Entry { layer, ordinal, .. }) => self
@@ -616,16 +600,18 @@ impl<W: Write> Flattener<W> {
                     .or_default()
                     .push(link.path),
                 Some(Found::Broken(why)) => {
-                    self.out.remove(&link.path);
-                    self.warnings
-                        .push(format!("skipped hard link {}: {why}", show(&link.path)));
+                    self.paths.set_out(link.path, Out::Nothing);
+                    self.warnings.push(format!(
+                        "skipped hard link {}: {why}",
+                        show(&self.paths.path(link.path))
+                    ));
                 }
                 None => {
-                    self.out.remove(&link.path);
+                    self.paths.set_out(link.path, Out::Nothing);
                     self.warnings.push(format!(
                         "skipped hard link {}: its target {} does not exist",
-                        show(&link.path),
-                        show(&link.target)
+                        show(&self.paths.path(link.path)),
+                        show(&self.paths.path(link.target))
                     ));
                 }
             }
@@ -638,7 +624,8 @@ impl<W: Write> Flattener<W> {
     fn write_copies(&mut self, layers: &[Layer]) -> Result<usize> {
         let copies = std::mem::take(&mut self.copies);
         let mut by_layer: BTreeMap<u32, BTreeMap<u32, Vec<Vec<u8>>>> = BTreeMap::new();
-        for ((layer, ordinal), paths) in copies {
+        for ((layer, ordinal), ids) in copies {
+            let paths = ids.into_iter().map(|id| self.paths.path(id)).collect();
             by_layer.entry(layer).or_default().insert(ordinal, paths);
         }
         for (&index, wanted) in &by_layer {
@@ -687,11 +674,10 @@ impl<W: Write> Flattener<W> {
 
     /// Writes the directories that have no entry of their own.
     fn write_implicit_dirs(&mut self) -> Result<()> {
-        let mut dirs: Vec<&Vec<u8>> = self
-            .out
-            .iter()
-            .filter(|(_, o)| **o == Out::Implicit)
-            .map(|(p, _)| p)
+        let mut dirs: Vec<Vec<u8>> = self
+            .paths
+            .with_out(Out::Implicit)
+            .map(|id| self.paths.path(id))
             .collect();
         dirs.sort();
         for dir in dirs {
@@ -703,7 +689,7 @@ impl<W: Write> Flattener<W> {
             header.set_mtime(0);
             header.set_size(0);
             self.builder
-                .append_data(&mut header, OsStr::from_bytes(dir), io::empty())?;
+                .append_data(&mut header, OsStr::from_bytes(&dir), io::empty())?;
             self.stats.entries += 1;
         }
         Ok(())
@@ -812,6 +798,8 @@ impl<R: Read> Read for ExactReader<'_, R> {
         Ok(n)
     }
 }
+
+mod paths;
 
 #[cfg(test)]
 mod tests;

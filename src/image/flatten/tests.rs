@@ -569,3 +569,33 @@ fn layers_are_read_once_without_lost_link_targets() {
     ]);
     assert_eq!(plan.reread_layers, 1);
 }
+
+/// Flattens the layer files in `BERTH_FLATTEN_LAYERS` (colon-separated,
+/// lowest first) to `BERTH_FLATTEN_OUT` (or nowhere) and prints the paths
+/// and the process's peak memory: `cargo test --release --lib
+/// flattens_layer_files -- --ignored --nocapture`, for measuring.
+#[test]
+#[ignore]
+fn flattens_layer_files_from_the_environment() {
+    let files = std::env::var("BERTH_FLATTEN_LAYERS").expect("BERTH_FLATTEN_LAYERS");
+    let layers: Vec<Layer> = files
+        .split(':')
+        .map(|f| Layer::from_file(f.into(), f))
+        .collect();
+    let out: Box<dyn Write> = match std::env::var_os("BERTH_FLATTEN_OUT") {
+        Some(path) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(path).unwrap(),
+        )),
+        None => Box::new(std::io::sink()),
+    };
+    let start = std::time::Instant::now();
+    let done = write_flattened(&layers, out, |_| {}).unwrap();
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let peak = status.lines().find(|l| l.starts_with("VmHWM")).unwrap();
+    println!(
+        "{} paths, {} entries, {:.2} s, {peak}",
+        done.paths,
+        done.entries,
+        start.elapsed().as_secs_f64()
+    );
+}
