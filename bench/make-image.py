@@ -142,11 +142,40 @@ def put(layout, data, media_type):
     return {"mediaType": media_type, "digest": f"sha256:{digest}", "size": len(data)}
 
 
-def main():
-    layout = sys.argv[1]
+def start_layout(layout):
     os.makedirs(f"{layout}/blobs/sha256", exist_ok=True)
     with open(f"{layout}/oci-layout", "w") as f:
         f.write('{"imageLayoutVersion":"1.0.0"}')
+
+
+def write_image(layout, descs, diff_ids, tags):
+    """The configs, manifests and index.json: tags maps a tag to how many of
+    the layers (the first ones) its image has."""
+    manifests = []
+    for tag, n in tags.items():
+        config = {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Env": ["PATH=/usr/bin:/bin"], "Cmd": ["/bin/sh"]},
+            "rootfs": {"type": "layers", "diff_ids": diff_ids[:n]},
+        }
+        cdesc = put(layout, json.dumps(config).encode(), "application/vnd.oci.image.config.v1+json")
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": cdesc,
+            "layers": descs[:n],
+        }
+        mdesc = put(layout, json.dumps(manifest).encode(), "application/vnd.oci.image.manifest.v1+json")
+        mdesc["annotations"] = {"org.opencontainers.image.ref.name": tag}
+        manifests.append(mdesc)
+    with open(f"{layout}/index.json", "w") as f:
+        json.dump({"schemaVersion": 2, "manifests": manifests}, f)
+
+
+def main():
+    layout = sys.argv[1]
+    start_layout(layout)
     layers = build(layout)
     descs, diff_ids = [], []
     # gzip -1, two at a time (both cores).
@@ -166,26 +195,7 @@ def main():
         data = open(l.path + ".tar.gz", "rb").read()
         descs.append(put(layout, data, "application/vnd.oci.image.layer.v1.tar+gzip"))
         os.remove(l.path + ".tar.gz")
-    manifests = []
-    for tag, n in (("big", 6), ("plus", 7)):
-        config = {
-            "architecture": "amd64",
-            "os": "linux",
-            "config": {"Env": ["PATH=/usr/bin:/bin"], "Cmd": ["/bin/sh"]},
-            "rootfs": {"type": "layers", "diff_ids": diff_ids[:n]},
-        }
-        cdesc = put(layout, json.dumps(config).encode(), "application/vnd.oci.image.config.v1+json")
-        manifest = {
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": cdesc,
-            "layers": descs[:n],
-        }
-        mdesc = put(layout, json.dumps(manifest).encode(), "application/vnd.oci.image.manifest.v1+json")
-        mdesc["annotations"] = {"org.opencontainers.image.ref.name": tag}
-        manifests.append(mdesc)
-    with open(f"{layout}/index.json", "w") as f:
-        json.dump({"schemaVersion": 2, "manifests": manifests}, f)
+    write_image(layout, descs, diff_ids, {"big": 6, "plus": 7})
 
 
 if __name__ == "__main__":
