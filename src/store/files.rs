@@ -108,14 +108,18 @@ impl Store {
         let relative = Store::image_file(digest, super::catalog::LAST_USED);
         // Root (slurmstepd's own lookup) only touches a file the pull user
         // made: one root created would be root's, which the pull user could
-        // not touch again.
-        let create = if super::is_root() { 0 } else { libc::O_CREAT };
+        // not touch again. (openat2 refuses a mode without O_CREAT.)
+        let (create, mode) = if super::is_root() {
+            (0, 0)
+        } else {
+            (libc::O_CREAT, 0o644)
+        };
         let opened = self.files().ok().and_then(|files| {
             files
                 .open_regular(
                     &relative,
                     libc::O_WRONLY | create,
-                    0o644,
+                    mode,
                     &self.file_owners(),
                 )
                 .ok()
