@@ -312,12 +312,12 @@ impl Positions {
         let mut samples = Vec::with_capacity(sizes.len() / SAMPLE + 1);
         let mut p = start;
         for (i, &s) in sizes.iter().enumerate() {
-            if i % SAMPLE == 0 {
+            if i.is_multiple_of(SAMPLE) {
                 samples.push(p);
             }
             p += u64::from(s & !BLOCK_UNCOMPRESSED);
         }
-        if sizes.len() % SAMPLE == 0 {
+        if sizes.len().is_multiple_of(SAMPLE) {
             samples.push(p);
         }
         Positions { samples, sizes }

@@ -4,9 +4,9 @@
 //!
 //! File data is compressed as it streams in (full blocks by worker threads,
 //! tails packed into fragment blocks) and written straight to the image, in
-//! order; only the tree stays in memory, compactly (see [`tree`]): about 52
-//! bytes per name plus the name, 20-36 more for the lookup table while the
-//! tar is read, and 20 for the final pass. At the end the inodes are written
+//! order; only the tree stays in memory, compactly (see [`tree`]): 48 bytes
+//! per name plus the name, up to 11 more for the lookup table while the tar
+//! is read, and 20 for the final pass. At the end the inodes are written
 //! in one pass (children before their directory, numbered as tar2sqfs
 //! numbers them), then the directory, fragment, id and xattr tables, and the
 //! superblock at the start.

@@ -684,16 +684,21 @@ fn memory_child() {
     if std::env::var_os("BERTH_SQFS_MEMORY_CHILD").is_none() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
+    // BERTH_SQFS_MEMORY_FILES: another count, to measure by hand.
+    let files: u64 = std::env::var("BERTH_SQFS_MEMORY_FILES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(MEMORY_FILES);
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let (reader, writer) = std::io::pipe().unwrap();
     let before = vm_kib("VmRSS:");
     let generator = std::thread::spawn(move || {
         let mut b = tar::Builder::new(std::io::BufWriter::new(writer));
         let content = text(9, 4096);
-        for i in 0..MEMORY_FILES {
+        for i in 0..files {
             let len = 50 + (i % 200) as usize;
             let mut h = header(EntryType::Regular, 0o644, 0, 0, MTIME, len as u64);
-            let path = format!("dir{:03}/file_{i:07}", i / 1000);
+            let path = format!("dir{:04}/file_{i:07}", i / 1000);
             b.append_data(&mut h, path, &content[(i % 3000) as usize..][..len])
                 .unwrap();
         }
@@ -703,7 +708,7 @@ fn memory_child() {
     let stats = write_from_tar(reader, f, &options()).unwrap();
     generator.join().unwrap();
     let peak = vm_kib("VmHWM:");
-    assert_eq!(stats.inodes, MEMORY_FILES + 201);
+    assert_eq!(stats.inodes, files + files.div_ceil(1000) + 1);
     println!(
         "MEMORY growth_kib={} metadata_bytes={}",
         peak.saturating_sub(before),
@@ -747,16 +752,19 @@ fn memory_grows_with_files_only() {
     };
     let (growth, metadata) = (field("growth_kib") * 1024, field("metadata_bytes"));
     eprintln!("200k files: peak RSS growth {growth} bytes, tree and tables {metadata} bytes");
-    // Per file: a 52-byte node, a 12-byte name, at most 36 bytes of lookup
-    // table; chunked storage adds at most a 1 MiB name chunk and a node chunk.
-    let per_file = 52 + 12 + 36;
+    // Per file: a 48-byte node and a 12-byte name, then up to 11 bytes of
+    // lookup table while the tar is read or 20 bytes of final-pass tables
+    // (children, numbers, order, references); chunked storage adds at most a
+    // 1 MiB name chunk and a 768 KiB node chunk.
+    let per_file = 48 + 12 + 20;
     assert!(
         metadata <= MEMORY_FILES * per_file + (2 << 20),
         "{metadata}"
     );
-    // RSS: that, the final pass (20 bytes a file), the compressed directory
-    // table, and fixed costs: zstd contexts, in-flight blocks, buffers.
-    let bound = MEMORY_FILES * (per_file + 20 + 8) + (48 << 20);
+    // RSS: that and fixed costs: zstd contexts (two workers, two metadata
+    // writers), up to 6 blocks in flight and their compressed copies, 1 MiB
+    // write buffers, the compressed directory table, allocator slack.
+    let bound = MEMORY_FILES * per_file + (24 << 20);
     assert!(
         growth <= bound,
         "peak RSS grew {growth} bytes, over {bound}"
@@ -786,4 +794,58 @@ fn bench_write_from_tar() {
     .unwrap();
     eprintln!("{:.2?}: {stats:?}", start.elapsed());
     eprintln!("peak RSS {} KiB", vm_kib("VmHWM:"));
+}
+
+/// An empty tar is an image of an empty root directory.
+#[test]
+fn an_empty_tar_is_an_empty_root() {
+    let (tar, files) = Tar::new().finish();
+    let (stats, mounted) = check(&tar, &files, "an_empty_tar_is_an_empty_root");
+    assert_eq!(
+        (stats.inodes, stats.fragments, stats.data_blocks),
+        (1, 0, 0)
+    );
+    if let Some(k) = mounted {
+        assert_eq!(k.len(), 1);
+        assert_eq!(k[Path::new("")].mode, 0o755);
+    }
+}
+
+/// A tar cut short in a file's data is an error naming the entry.
+#[test]
+fn a_truncated_tar_is_an_error() {
+    let mut t = Tar::new();
+    t.file("big", &text(1, 3 * BS));
+    let (mut tar, _) = t.finish();
+    tar.truncate(512 + BS + 100);
+    let e = error_of(&tar);
+    assert!(e.contains("(big)") && e.contains("cannot read"), "{e}");
+}
+
+/// Another block size: a 4 KiB block image reads back the same.
+#[test]
+fn small_blocks_read_back() {
+    let mut t = Tar::new();
+    t.file("a", &text(1, 4096 * 3 + 17));
+    t.file("b", &vec![0; 8192]);
+    t.file("c", &noise(2, 4096));
+    let (tar, files) = t.finish();
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("small.sqfs");
+    let options = WriterOptions {
+        block_size: 4096,
+        jobs: 3,
+        zstd_level: 1,
+    };
+    let stats = write_from_tar(tar.as_slice(), File::create(&image).unwrap(), &options).unwrap();
+    assert_eq!(
+        (stats.data_blocks, stats.sparse_blocks, stats.fragments),
+        (6, 2, 1)
+    );
+    let out = dir.path().join("x");
+    unsquashfs(&["-q", "-no-xattrs", "-d", out.to_str().unwrap()], &image);
+    for (p, c) in &files {
+        assert!(&std::fs::read(out.join(p)).unwrap() == c, "{p}");
+    }
+    assert!(unsquashfs(&["-stat"], &image).contains("Block size 4096"));
 }
