@@ -11,6 +11,7 @@ use super::data::{DataWriter, Positions};
 use super::dirtable::{write_listing, Entry};
 use super::inode::{self, Header};
 use super::metablock::{Counting, MetaWriter};
+use super::order;
 use super::tables::{self, IdTable, Superblock, XattrTable, NO_TABLE, SUPERBLOCK_SIZE};
 use super::tree::{split_path, Kind, Meta, Tree, NONE, ROOT};
 use super::{WriteStats, WriterOptions};
@@ -252,75 +253,11 @@ impl Builder {
         stats.sparse_blocks = data.sparse_blocks;
         stats.fragments = data.fragment_units.len() as u64;
         let positions = Positions::new(SUPERBLOCK_SIZE, data.sizes);
-        let tree = &mut self.tree;
-        let nodes = tree.nodes.len();
-
-        // Children of each directory, sorted by name: a directory's `a` is
-        // where they start in `children`, `b` how many there are.
-        let mut children: Vec<u32> = (1..nodes as u32).collect();
-        children.sort_unstable_by(|&x, &y| {
-            (tree.nodes[x].parent, tree.name(x)).cmp(&(tree.nodes[y].parent, tree.name(y)))
-        });
-        let mut i = 0;
-        while i < children.len() {
-            let parent = tree.nodes[children[i]].parent;
-            let start = i;
-            while i < children.len() && tree.nodes[children[i]].parent == parent {
-                i += 1;
-            }
-            tree.nodes[parent].a = start as u32;
-            tree.nodes[parent].b = (i - start) as u32;
-        }
+        let children = order::sort_children(&mut self.tree);
         let tree = &self.tree;
-        let kids = |tree: &Tree, d: u32| -> std::ops::Range<usize> {
-            let n = &tree.nodes[d];
-            n.a as usize..(n.a + n.b) as usize
-        };
-
-        // Inode order as tar2sqfs numbers them: depth first, a directory's
-        // subdirectories first, then all its children; the root last. Then a
-        // hard link's inode moves before the first directory that lists it.
-        let mut base = Vec::with_capacity(nodes);
-        let mut stack = vec![(ROOT, 0usize)];
-        while let Some(&mut (d, ref mut next)) = stack.last_mut() {
-            let range = kids(tree, d);
-            let sub = children[range.clone()][*next..]
-                .iter()
-                .position(|&c| tree.nodes[c].kind == Kind::Dir);
-            if let Some(k) = sub {
-                let child = children[range.start + *next + k];
-                *next += k + 1;
-                stack.push((child, 0));
-                continue;
-            }
-            base.extend(
-                children[range]
-                    .iter()
-                    .copied()
-                    .filter(|&c| tree.nodes[c].kind != Kind::HardLink),
-            );
-            stack.pop();
-        }
-        base.push(ROOT);
-        let mut number = vec![0u32; nodes];
-        let mut order = Vec::with_capacity(base.len());
-        for &n in &base {
-            if number[n as usize] != 0 {
-                continue;
-            }
-            if tree.nodes[n].kind == Kind::Dir {
-                for &c in &children[kids(tree, n)] {
-                    let node = &tree.nodes[c];
-                    if node.kind == Kind::HardLink && number[node.c as usize] == 0 {
-                        order.push(node.c);
-                        number[node.c as usize] = order.len() as u32;
-                    }
-                }
-            }
-            order.push(n);
-            number[n as usize] = order.len() as u32;
-        }
-        drop(base);
+        let nodes = tree.nodes.len();
+        let kids = |d: u32| order::children_range(tree, d);
+        let (order, number) = order::inode_order(tree, &children);
         let inode_count = u32::try_from(order.len()).map_err(|_| anyhow!("too many inodes"))?;
         metadata_bytes = metadata_bytes.max(
             tree.nodes.heap_bytes()
@@ -352,7 +289,7 @@ impl Builder {
                 Kind::Dir => {
                     entries.clear();
                     let mut subdirs = 0u32;
-                    for &c in &children[kids(tree, id)] {
+                    for &c in &children[kids(id)] {
                         let t = if tree.nodes[c].kind == Kind::HardLink {
                             tree.nodes[c].c
                         } else {

@@ -27,6 +27,7 @@ mod dirtable;
 mod from_tar;
 mod inode;
 mod metablock;
+mod order;
 mod tables;
 mod tree;
 

@@ -161,16 +161,21 @@ fn options() -> WriterOptions {
 
 /// Berth's image of `tar` in `dir`.
 fn write_berth(tar: &[u8], dir: &Path) -> (PathBuf, WriteStats) {
+    write_berth_with(tar, dir, &options())
+}
+
+fn write_berth_with(tar: &[u8], dir: &Path, options: &WriterOptions) -> (PathBuf, WriteStats) {
     let path = dir.join("berth.sqfs");
-    let stats = write_from_tar(tar, File::create(&path).unwrap(), &options()).unwrap();
+    let stats = write_from_tar(tar, File::create(&path).unwrap(), options).unwrap();
     (path, stats)
 }
 
 /// tar2sqfs's image of `tar` in `dir`.
-fn write_reference(tar: &[u8], dir: &Path) -> PathBuf {
+fn write_reference(tar: &[u8], dir: &Path, block_size: u32) -> PathBuf {
     let path = dir.join("tar2sqfs.sqfs");
     let mut child = Command::new("tar2sqfs")
         .args(["-q", "-f", "-c", "zstd", "-X", "level=3", "-j", "2"])
+        .args(["-b", &block_size.to_string()])
         .arg(&path)
         .stdin(Stdio::piped())
         .stderr(Stdio::piped())
@@ -357,8 +362,18 @@ fn check(
     files: &BTreeMap<String, Vec<u8>>,
     test: &str,
 ) -> (WriteStats, Option<BTreeMap<PathBuf, Stat>>) {
+    check_with(tar, files, test, &options())
+}
+
+/// [`check`] with other options (tar2sqfs gets the same block size).
+fn check_with(
+    tar: &[u8],
+    files: &BTreeMap<String, Vec<u8>>,
+    test: &str,
+    options: &WriterOptions,
+) -> (WriteStats, Option<BTreeMap<PathBuf, Stat>>) {
     let dir = tempfile::tempdir().unwrap();
-    let (image, stats) = write_berth(tar, dir.path());
+    let (image, stats) = write_berth_with(tar, dir.path(), options);
     let size = std::fs::metadata(&image).unwrap().len();
     assert_eq!(size % 4096, 0);
     assert_eq!(size, stats.image_size);
@@ -378,7 +393,7 @@ fn check(
     {
         return (stats, None);
     }
-    let reference = write_reference(tar, dir.path());
+    let reference = write_reference(tar, dir.path(), options.block_size);
     let listing = |img: &Path| unsquashfs(&["-lln", "-d", "root"], img);
     let (a, b) = (listing(&image), listing(&reference));
     if a != b {
@@ -848,4 +863,33 @@ fn small_blocks_read_back() {
         assert!(&std::fs::read(out.join(p)).unwrap() == c, "{p}");
     }
     assert!(unsquashfs(&["-stat"], &image).contains("Block size 4096"));
+}
+
+/// With 4 KiB blocks, 600 tails of 3000 bytes fill 600 fragment blocks (two
+/// metablocks of fragment table), and 600 distinct xattr sets two
+/// metablocks of xattr id table.
+#[test]
+fn many_fragments_and_xattr_sets() {
+    let mut t = Tar::new();
+    for i in 0..600u64 {
+        let value = format!("value {i}");
+        t.pax(&[("SCHILY.xattr.user.n", value.as_bytes())]);
+        t.file(
+            &format!("f{i:03}"),
+            &text(i, 3000 + (i as usize % 7) * 4096),
+        );
+    }
+    let (tar, files) = t.finish();
+    let options = WriterOptions {
+        block_size: 4096,
+        ..options()
+    };
+    let (stats, mounted) = check_with(&tar, &files, "many_fragments_and_xattr_sets", &options);
+    assert_eq!((stats.fragments, stats.xattr_sets), (600, 600));
+    if let Some(k) = mounted {
+        for i in 0..600 {
+            let x = &k[Path::new(&format!("f{i:03}"))].xattrs;
+            assert_eq!(x[&b"user.n".to_vec()], format!("value {i}").as_bytes());
+        }
+    }
 }
