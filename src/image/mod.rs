@@ -10,6 +10,7 @@ pub mod config;
 pub mod flatten;
 pub mod layer;
 pub mod shellwords;
+pub mod sqfs;
 pub mod squashfs;
 pub mod writeback;
 
