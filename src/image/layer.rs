@@ -6,10 +6,12 @@
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::PathBuf;
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use flate2::read::MultiGzDecoder;
+
+use super::chunks::{self, ChunkReader, PIPE_CHUNK};
 
 /// How a layer blob is compressed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,12 +120,12 @@ impl Layer {
     }
 
     /// Like [`Layer::open_tar`], but reading and decompressing run on a
-    /// thread of their own, [`PIPE_CHUNKS`] chunks of [`PIPE_CHUNK`] bytes
+    /// thread of their own, [`chunks::PIPE_CHUNKS`] chunks of [`PIPE_CHUNK`] bytes
     /// ahead of the reader: decompression and what the reader does with the
     /// tar (parse, copy into tar2sqfs) use two cores.
     pub fn open_tar_pipelined(&self) -> Result<Box<dyn Read + Send>> {
         let mut tar = self.open_tar()?;
-        let (tx, rx) = mpsc::sync_channel::<io::Result<Vec<u8>>>(PIPE_CHUNKS);
+        let (tx, rx) = chunks::channel();
         let name = self.name.clone();
         std::thread::Builder::new()
             .name("berth-unpack".to_string())
@@ -160,56 +162,10 @@ impl Layer {
                 }
             })
             .with_context(|| format!("cannot start a thread to decompress layer {name}"))?;
-        Ok(Box::new(ChunkReader {
+        Ok(Box::new(ChunkReader::new(
             rx,
-            chunk: Vec::new(),
-            pos: 0,
-            done: false,
-        }))
-    }
-}
-
-/// Bytes per chunk handed from the decompressing thread to the reader.
-pub const PIPE_CHUNK: usize = 1 << 20;
-/// Chunks in flight between the decompressing thread and the reader.
-pub const PIPE_CHUNKS: usize = 4;
-
-/// The reading end of [`Layer::open_tar_pipelined`].
-struct ChunkReader {
-    rx: mpsc::Receiver<io::Result<Vec<u8>>>,
-    chunk: Vec<u8>,
-    pos: usize,
-    done: bool,
-}
-
-impl Read for ChunkReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        while self.pos == self.chunk.len() {
-            if self.done {
-                return Ok(0);
-            }
-            match self.rx.recv() {
-                Ok(Ok(chunk)) if chunk.is_empty() => self.done = true,
-                Ok(Ok(chunk)) => {
-                    self.chunk = chunk;
-                    self.pos = 0;
-                }
-                Ok(Err(e)) => {
-                    self.done = true;
-                    return Err(e);
-                }
-                Err(_) => {
-                    self.done = true;
-                    return Err(io::Error::other(
-                        "the thread decompressing the layer stopped unexpectedly",
-                    ));
-                }
-            }
-        }
-        let n = buf.len().min(self.chunk.len() - self.pos);
-        buf[..n].copy_from_slice(&self.chunk[self.pos..self.pos + n]);
-        self.pos += n;
-        Ok(n)
+            "the thread decompressing the layer stopped unexpectedly",
+        )))
     }
 }
 

@@ -1,5 +1,12 @@
-//! Writing the flattened tar stream into a squashfs file with `tar2sqfs`
-//! (squashfs-tools-ng), published atomically.
+//! Writing the flattened tar stream into a squashfs file, published
+//! atomically: by berth's own streaming writer ([`super::sqfs`]; zstd only),
+//! or by `tar2sqfs` (squashfs-tools-ng) through a pipe.
+//!
+//! berth's writer keeps about 70 bytes a file plus its name where tar2sqfs
+//! keeps about 355 (300,000 files of 1 to 4 KB: 38 MiB peak against 106 MB,
+//! and 2.7 to 4.1 s against 8.3 to 12.6 s on 2 cores), and needs no
+//! process, no pipe and no second parse of the tar stream's headers by
+//! another program.
 //!
 //! Compressor: zstd at level 3. On a 2-core machine and a 204 MB Debian root
 //! file system tar2sqfs took 1.7 s with zstd level 3 (94 MB image), 1.0 s with
@@ -8,6 +15,7 @@
 //! squashfuse both read zstd images.
 
 use std::fs::{self, File};
+use std::os::unix::fs::OpenOptionsExt;
 use std::io::{BufWriter, ErrorKind, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -15,15 +23,30 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
+use super::chunks::{self, ChunkReader, ChunkWriter};
 use super::flatten::write_flattened;
 use super::layer::Layer;
+use super::sqfs::{self, WriterOptions};
 
 /// The program that builds squashfs images.
 pub const TAR2SQFS: &str = "tar2sqfs";
 
+/// Which program writes the squashfs file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SquashfsWriter {
+    /// berth's own streaming writer (zstd only; another compressor falls
+    /// back to tar2sqfs).
+    #[default]
+    Builtin,
+    /// tar2sqfs (squashfs-tools-ng).
+    Tar2sqfs,
+}
+
 /// How to build the squashfs file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SquashfsOptions {
+    /// Which program writes it.
+    pub writer: SquashfsWriter,
     /// tar2sqfs compressor name (`zstd`, `lz4`, `gzip`, `xz`).
     pub compressor: String,
     /// tar2sqfs `-X` options, e.g. `level=3`.
@@ -43,6 +66,7 @@ pub const DEFAULT_MAX_IMAGE_BYTES: u64 = 256 << 30;
 impl Default for SquashfsOptions {
     fn default() -> Self {
         SquashfsOptions {
+            writer: SquashfsWriter::default(),
             compressor: "zstd".to_string(),
             compressor_options: Some("level=3".to_string()),
             jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -56,9 +80,9 @@ impl Default for SquashfsOptions {
 pub struct ConvertStats {
     /// Paths in the final tree.
     pub paths: usize,
-    /// Tar entries written to tar2sqfs.
+    /// Tar entries written to the squashfs writer.
     pub entries: u64,
-    /// File content bytes written to tar2sqfs.
+    /// File content bytes written to the squashfs writer.
     pub bytes: u64,
     /// Size of the squashfs file.
     pub image_size: u64,
@@ -83,7 +107,7 @@ pub fn tar2sqfs_available() -> bool {
 /// Converts `layers` (lowest first) into the squashfs file `dest`: written to a
 /// temporary file beside it, synced, and renamed into place only on success.
 /// Each layer is read once, top layer first (see [`super::flatten`]), and
-/// streams straight into tar2sqfs.
+/// streams straight into the squashfs writer.
 pub fn convert(layers: &[Layer], dest: &Path, options: &SquashfsOptions) -> Result<ConvertStats> {
     convert_with(layers, dest, options, |_| {})
 }
@@ -98,14 +122,19 @@ pub fn convert_with(
 ) -> Result<ConvertStats> {
     let start = Instant::now();
     let tmp = temp_path(dest);
-    let result = run_tar2sqfs(&tmp, options, |stdin| {
+    let mut on_layer = on_layer;
+    let mut flatten = |out: &mut dyn std::io::Write| {
         let limited = LimitedWriter {
-            inner: stdin,
+            inner: out,
             left: options.max_bytes,
             limit: options.max_bytes,
         };
-        write_flattened(layers, limited, on_layer)
-    });
+        write_flattened(layers, limited, &mut on_layer)
+    };
+    let result = match builtin_options(options) {
+        Some(writer_options) => run_builtin(&tmp, &writer_options, flatten),
+        None => run_tar2sqfs(&tmp, options, |stdin| flatten(stdin)),
+    };
     let stats = match result {
         Ok(stats) => stats,
         Err(e) => {
@@ -187,6 +216,81 @@ fn widen_pipe(pipe: &std::process::ChildStdin) {
     unsafe {
         libc::fcntl(pipe.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_BYTES);
     }
+}
+
+/// The options of berth's own writer when it writes this image: asked for,
+/// and zstd (the only compressor it has).
+fn builtin_options(options: &SquashfsOptions) -> Option<WriterOptions> {
+    if options.writer != SquashfsWriter::Builtin || options.compressor != "zstd" {
+        return None;
+    }
+    let mut writer = WriterOptions {
+        jobs: options.jobs.max(1),
+        ..WriterOptions::default()
+    };
+    for option in options.compressor_options.iter().flat_map(|o| o.split(',')) {
+        match option.split_once('=') {
+            Some(("level", level)) => writer.zstd_level = level.trim().parse().ok()?,
+            // An option only tar2sqfs knows: let tar2sqfs write the image.
+            _ => return None,
+        }
+    }
+    Some(writer)
+}
+
+/// Runs berth's own writer into `out` on a thread of its own, feeding it
+/// the tar stream through `feed` on this one.
+fn run_builtin<T>(
+    out: &Path,
+    options: &WriterOptions,
+    feed: impl FnOnce(&mut dyn std::io::Write) -> Result<T>,
+) -> Result<T> {
+    // As tar2sqfs -f: a file a dead run of the same pid left is replaced;
+    // never through a link.
+    let file = File::options()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(out)
+        .with_context(|| format!("cannot create {}", out.display()))?;
+    let _writeback = super::writeback::Watcher::start(out);
+    let (tx, rx) = chunks::channel();
+    std::thread::scope(|s| {
+        let writer = std::thread::Builder::new()
+            .name("berth-squashfs".to_string())
+            .spawn_scoped(s, move || {
+                let tar = ChunkReader::new(rx, "the flattened tar stream stopped unexpectedly");
+                sqfs::write_from_tar(tar, file, options)
+            })
+            .context("cannot start the squashfs writer's thread")?;
+        let mut stream = ChunkWriter::new(tx);
+        let fed = feed(&mut stream).and_then(|v| {
+            stream.finish()?;
+            Ok(v)
+        });
+        // Dropped unfinished on an error: the writer stops with one too.
+        let written = writer
+            .join()
+            .map_err(|_| anyhow!("berth's squashfs writer panicked writing {}", out.display()))?;
+        match (fed, written) {
+            (Ok(v), Ok(_)) => Ok(v),
+            (Ok(_), Err(e)) => Err(e.context(format!("cannot write {}", out.display()))),
+            // The writer stopped first (the disk is full, ...): that is the cause.
+            (Err(e), Err(w)) if is_broken_pipe(&e) => {
+                Err(w.context(format!("cannot write {}", out.display())))
+            }
+            (Err(e), _) => Err(e),
+        }
+    })
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == ErrorKind::BrokenPipe)
+    })
 }
 
 /// Runs tar2sqfs writing `out`, feeding its stdin through `feed`. tar2sqfs's

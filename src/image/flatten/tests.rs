@@ -7,7 +7,7 @@ use std::process::Command;
 use tar::{Archive, Builder, EntryType, Header};
 
 use super::*;
-use crate::image::squashfs::{convert, tar2sqfs_available, SquashfsOptions};
+use crate::image::squashfs::{convert, tar2sqfs_available, SquashfsOptions, SquashfsWriter};
 
 /// One entry of a test layer.
 enum E<'a> {
@@ -398,9 +398,21 @@ fn converts_to_squashfs() {
             E::File("usr/bin/tool", "t"),
         ],
     ]);
+    // berth's own writer and tar2sqfs give the same tree.
+    let builtin = converted_listing(&layers, SquashfsWriter::Builtin);
+    let tar2sqfs = converted_listing(&layers, SquashfsWriter::Tar2sqfs);
+    assert_eq!(builtin, tar2sqfs);
+}
+
+/// Converts `layers` with `writer`, checks the image, returns its listing.
+fn converted_listing(layers: &[Layer], writer: SquashfsWriter) -> String {
     let dir = tempfile::tempdir().unwrap();
     let dest = dir.path().join("image.sqfs");
-    let stats = convert(&layers, &dest, &SquashfsOptions::default()).unwrap();
+    let options = SquashfsOptions {
+        writer,
+        ..SquashfsOptions::default()
+    };
+    let stats = convert(layers, &dest, &options).unwrap();
     assert!(stats.image_size > 0 && stats.paths >= 8, "{stats:?}");
     let names: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
@@ -449,6 +461,7 @@ fn converts_to_squashfs() {
     };
     assert_eq!(cat("f"), "new");
     assert_eq!(cat("f2"), "orig");
+    listing.into_owned()
 }
 
 #[test]

@@ -61,6 +61,10 @@ struct Done {
     stored: u32,
 }
 
+/// [`Done::stored`] of a unit whose compression panicked: the writer thread
+/// stops with an error (the unit's bytes are lost), so nothing waits for it.
+const LOST: u32 = u32::MAX;
+
 struct Written {
     file: File,
     sizes: Vec<u32>,
@@ -104,7 +108,16 @@ impl DataWriter {
             workers.push(std::thread::spawn(move || loop {
                 let job = job_rx.lock().map(|rx| rx.recv());
                 let Ok(Ok(job)) = job else { break };
-                if done_tx.send(compress(&mut compressor, job)).is_err() {
+                let unit = job.unit;
+                let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    compress(&mut compressor, job)
+                }))
+                .unwrap_or(Done {
+                    unit,
+                    data: Vec::new(),
+                    stored: LOST,
+                });
+                if done_tx.send(done).is_err() {
                     break;
                 }
             }));
@@ -275,6 +288,12 @@ fn write_in_order(
     let mut sizes = Vec::new();
     let mut end = start;
     for d in done {
+        if d.stored == LOST {
+            return Err(anyhow!(
+                "compressing data block {} failed (a compression thread panicked)",
+                d.unit
+            ));
+        }
         pending.insert(d.unit, d);
         while let Some(d) = pending.remove(&(sizes.len() as u32)) {
             out.write_all(&d.data)

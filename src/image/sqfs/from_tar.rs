@@ -51,17 +51,28 @@ pub fn write_from_tar(
     Ok(stats)
 }
 
+/// A numeric header field's value; a blank one (only NULs and spaces, as
+/// some tools leave fields they do not set) is 0, as tar2sqfs reads it.
+fn blank_is_zero(raw: &[u8], parsed: std::io::Result<u64>) -> std::io::Result<u64> {
+    if raw.iter().all(|b| *b == 0 || *b == b' ') {
+        Ok(0)
+    } else {
+        parsed
+    }
+}
+
 /// The entry's metadata: the header's, with PAX records over it.
 fn entry_meta<R: Read>(
     entry: &mut tar::Entry<R>,
     warn: &mut impl FnMut(String),
 ) -> Result<EntryMeta> {
     let h = entry.header();
+    let old = h.as_old();
     let mut meta = EntryMeta {
-        mode: h.mode().context("bad mode")?,
-        uid: clamp_u32(h.uid().context("bad uid")?),
-        gid: clamp_u32(h.gid().context("bad gid")?),
-        mtime: clamp_u32(h.mtime().context("bad mtime")?),
+        mode: blank_is_zero(&old.mode, h.mode().map(u64::from)).context("bad mode")? as u32,
+        uid: clamp_u32(blank_is_zero(&old.uid, h.uid()).context("bad uid")?),
+        gid: clamp_u32(blank_is_zero(&old.gid, h.gid()).context("bad gid")?),
+        mtime: clamp_u32(blank_is_zero(&old.mtime, h.mtime()).context("bad mtime")?),
         xattrs: Vec::new(),
     };
     let path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
