@@ -15,8 +15,8 @@
 //! squashfuse both read zstd images.
 
 use std::fs::{self, File};
-use std::os::unix::fs::OpenOptionsExt;
 use std::io::{BufWriter, ErrorKind, Read};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
