@@ -31,11 +31,13 @@
 //! never followed: nothing here touches the host file system.
 //!
 //! Hard links: a link whose target is written at its own path is written as
-//! a link (tar2sqfs resolves links at the end, whatever their order). When
-//! the target was hidden by an upper layer, the link keeps the target's old
-//! content: the copy is deferred to the end, where only the layers holding
-//! such targets are read again, up to the entries needed (several links to
-//! one lost target share one copy through hard links). A link to a path its
+//! a link (the squashfs writer resolves links at the end, whatever their
+//! order). When the target was hidden by an upper layer, the link keeps the
+//! target's old content: written as soon as the link and its target are both
+//! read when the target is small enough to be kept in memory (see
+//! [`hidden`]), else deferred to the end, where only the layers holding such
+//! targets are read again, up to the entries needed (several links to one
+//! lost target share one copy through hard links). A link to a path its
 //! own layer does not hold names the topmost lower layer's entry at that
 //! path. Links to directories or to paths that never existed are skipped with
 //! a warning. Limitations: a second entry for the same path in one layer is
@@ -51,6 +53,7 @@ use anyhow::{bail, Context, Result};
 use tar::{Archive, Builder, EntryType, Header};
 
 use super::layer::Layer;
+use hidden::{HiddenFile, HiddenFiles};
 use paths::{Local, Out, PathId, Paths, ROOT};
 
 /// How many warnings are kept in full; the rest are only counted.
@@ -192,6 +195,8 @@ enum Found {
         written: bool,
     },
     Broken(String),
+    /// Its content was written at the link from [`HiddenFiles`].
+    Copied,
 }
 
 /// What [`write_flattened`] did.
@@ -229,6 +234,7 @@ pub fn write_flattened<W: Write>(
         paths: Paths::new(),
         chain: Vec::new(),
         links: HashMap::new(),
+        hidden: HiddenFiles::default(),
         copies: BTreeMap::new(),
         lower_links: Vec::new(),
         wanted: HashMap::new(),
@@ -268,6 +274,8 @@ struct Flattener<W: Write> {
     chain: Vec<PathId>,
     /// Sources of the current layer's hard links.
     links: HashMap<PathId, Source>,
+    /// Hidden files of the current layer kept for hard links.
+    hidden: HiddenFiles,
     /// Deferred copies: (layer, ordinal) of a hidden entry -> link paths
     /// that get its content (the first) or a hard link to the first.
     copies: BTreeMap<(u32, u32), Vec<PathId>>,
@@ -307,6 +315,7 @@ impl<W: Write> Flattener<W> {
         }
         self.paths.end_layer();
         self.links.clear();
+        self.hidden.clear();
         Ok(())
     }
 
@@ -428,6 +437,15 @@ impl<W: Write> Flattener<W> {
                         &mut self.stats,
                     )?;
                     self.paths.set_out(id, Out::NonDir);
+                } else if HiddenFiles::wants(entry.header(), entry.size()) {
+                    let header = entry.header().clone();
+                    let pax = pax_records(entry)?;
+                    let mut data = Vec::with_capacity(entry.size() as usize);
+                    entry
+                        .read_to_end(&mut data)
+                        .context("cannot read the entry's data")?;
+                    let file = HiddenFile { header, pax, data };
+                    self.hidden.keep(ordinal, file);
                 }
                 Local::Entry {
                     ordinal,
@@ -457,8 +475,7 @@ impl<W: Write> Flattener<W> {
             }
         };
         self.paths.set_local(id, this);
-        self.found_wanted(layer, id);
-        Ok(())
+        self.found_wanted(layer, id)
     }
 
     /// Checks the ancestors of the entry being read (`chain`, root first)
@@ -512,7 +529,11 @@ impl<W: Write> Flattener<W> {
             }
             Source::Here {
                 ordinal: source, ..
-            } => self.copies.entry((layer, *source)).or_default().push(id),
+            } => {
+                if !self.copy_hidden(*source, id, path)? {
+                    self.copies.entry((layer, *source)).or_default().push(id);
+                }
+            }
             Source::Lower(target) => {
                 self.wanted
                     .entry(*target)
@@ -531,15 +552,15 @@ impl<W: Write> Flattener<W> {
     }
 
     /// Hands this layer's entry at `id` to links of upper layers naming it.
-    fn found_wanted(&mut self, layer: u32, id: PathId) {
+    fn found_wanted(&mut self, layer: u32, id: PathId) -> Result<()> {
         let Some(waiting) = self.wanted.get_mut(&id) else {
-            return;
+            return Ok(());
         };
-        let links = &mut self.lower_links;
+        let links = &self.lower_links;
         let (now, later): (Vec<usize>, Vec<usize>) =
             waiting.iter().partition(|i| links[**i].layer > layer);
         if now.is_empty() {
-            return;
+            return Ok(());
         }
         *waiting = later;
         let found = match self.paths.local(id) {
@@ -570,11 +591,50 @@ impl<W: Write> Flattener<W> {
                 )),
                 Source::Broken(why) => Found::Broken(why.clone()),
             },
-            Local::Nothing => return,
+            Local::Nothing => return Ok(()),
         };
         for i in now {
-            links[i].found = Some(found.clone());
+            let at = self.lower_links[i].path;
+            let copied = match found {
+                Found::Entry {
+                    ordinal,
+                    written: false,
+                    ..
+                } => self.copy_hidden(ordinal, at, &self.paths.path(at))?,
+                _ => false,
+            };
+            self.lower_links[i].found = Some(if copied { Found::Copied } else { found.clone() });
         }
+        Ok(())
+    }
+
+    /// Writes the content of the current layer's hidden entry `ordinal` at
+    /// `path` (whose id is `at`) when [`HiddenFiles`] has it: the content
+    /// itself the first time, a hard link to that first path after.
+    /// Returns whether it did.
+    fn copy_hidden(&mut self, ordinal: u32, at: PathId, path: &[u8]) -> Result<bool> {
+        if let Some(first) = self.hidden.written_at(ordinal) {
+            // The inode's metadata is the target's: the header is a stub.
+            let mut header = Header::new_gnu();
+            header.set_mode(0o644);
+            let target = self.paths.path(first);
+            write_hardlink(&mut self.builder, header, &[], path, &target)?;
+            self.stats.entries += 1;
+            return Ok(true);
+        }
+        let Some(file) = self.hidden.get(ordinal) else {
+            return Ok(false);
+        };
+        let mut header = file.header.clone();
+        header.set_entry_type(EntryType::Regular);
+        header.set_size(file.data.len() as u64);
+        append_pax(&mut self.builder, &file.pax)?;
+        self.builder
+            .append_data(&mut header, OsStr::from_bytes(path), file.data.as_slice())?;
+        self.stats.entries += 1;
+        self.stats.bytes += file.data.len() as u64;
+        self.hidden.set_written_at(ordinal, at);
+        Ok(true)
     }
 
     /// After the last layer: links to lower layers become links or copies.
@@ -599,6 +659,7 @@ impl<W: Write> Flattener<W> {
                     .entry((layer, ordinal))
                     .or_default()
                     .push(link.path),
+                Some(Found::Copied) => {}
                 Some(Found::Broken(why)) => {
                     self.paths.set_out(link.path, Out::Nothing);
                     self.warnings.push(format!(
@@ -799,6 +860,7 @@ impl<R: Read> Read for ExactReader<'_, R> {
     }
 }
 
+mod hidden;
 mod paths;
 
 #[cfg(test)]

@@ -576,11 +576,25 @@ fn layers_are_read_once_without_lost_link_targets() {
         &[E::File("g", "y")],
     ]);
     assert_eq!(plan.reread_layers, 0);
-    let (_, plan, _) = flatten(&[
+    // The target is replaced above: its old content is kept in memory for
+    // the link of its own layer and for the link of an upper layer.
+    let (out, plan, _) = flatten(&[
         &[E::File("f", "x"), E::Hard("l", "f")],
+        &[E::File("f", "y"), E::Hard("m", "l")],
+        &[E::File("f", "z")],
+    ]);
+    assert_eq!(plan.reread_layers, 0);
+    assert_eq!(out["l"], file("x"));
+    assert_eq!(out["f"], file("z"));
+    assert_eq!(out["m"], Out::Hard("l".to_string()), "{out:?}");
+    // A target too large to keep is read again at the end.
+    let big: &'static str = "b".repeat((1 << 20) + 1).leak();
+    let (out, plan, _) = flatten(&[
+        &[E::File("f", big), E::Hard("l", "f")],
         &[E::File("f", "y")],
     ]);
     assert_eq!(plan.reread_layers, 1);
+    assert_eq!(out["l"], file(big));
 }
 
 /// Flattens the layer files in `BERTH_FLATTEN_LAYERS` (colon-separated,
@@ -606,9 +620,10 @@ fn flattens_layer_files_from_the_environment() {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     let peak = status.lines().find(|l| l.starts_with("VmHWM")).unwrap();
     println!(
-        "{} paths, {} entries, {:.2} s, {peak}",
+        "{} paths, {} entries, {} layers read again, {:.2} s, {peak}",
         done.paths,
         done.entries,
+        done.reread_layers,
         start.elapsed().as_secs_f64()
     );
 }
