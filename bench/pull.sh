@@ -237,7 +237,7 @@ report() {
     fi
     echo "floor (download + gunzip every layer, $1): median ${mf} s   (${floor_t[*]})"
     awk -v a="$mb" -v b="$mf" -v g="$2" 'BEGIN {printf "  ratio berth / floor: %.2f   (goal <= %s)\n", a / b, g}'
-    awk -v k="$mrss" 'BEGIN {printf "peak RSS of berth pull + tar2sqfs: median %.0f MiB   (goal <= 256 MiB)\n", k / 1024}'
+    awk -v k="$mrss" 'BEGIN {printf "peak RSS of berth pull (and any child): median %.0f MiB   (goal <= 256 MiB)\n", k / 1024}'
 }
 
 # ---------------------------------------------------------------- the images' runs

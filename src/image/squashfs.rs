@@ -132,7 +132,12 @@ pub fn convert_with(
         write_flattened(layers, limited, &mut on_layer)
     };
     let result = match builtin_options(options) {
-        Some(writer_options) => run_builtin(&tmp, &writer_options, flatten),
+        Some(writer_options) => {
+            run_builtin(&tmp, &writer_options, flatten).map(|(mut stats, warnings)| {
+                stats.warnings.extend(warnings);
+                stats
+            })
+        }
         None => run_tar2sqfs(&tmp, options, |stdin| flatten(stdin)),
     };
     let stats = match result {
@@ -239,12 +244,13 @@ fn builtin_options(options: &SquashfsOptions) -> Option<WriterOptions> {
 }
 
 /// Runs berth's own writer into `out` on a thread of its own, feeding it
-/// the tar stream through `feed` on this one.
+/// the tar stream through `feed` on this one. Returns what `feed` returned
+/// and the writer's warnings (what it skipped, and why).
 fn run_builtin<T>(
     out: &Path,
     options: &WriterOptions,
     feed: impl FnOnce(&mut dyn std::io::Write) -> Result<T>,
-) -> Result<T> {
+) -> Result<(T, Vec<String>)> {
     // As tar2sqfs -f: a file a dead run of the same pid left is replaced;
     // never through a link.
     let file = File::options()
@@ -274,7 +280,7 @@ fn run_builtin<T>(
             .join()
             .map_err(|_| anyhow!("berth's squashfs writer panicked writing {}", out.display()))?;
         match (fed, written) {
-            (Ok(v), Ok(_)) => Ok(v),
+            (Ok(v), Ok(written)) => Ok((v, written.warnings)),
             (Ok(_), Err(e)) => Err(e.context(format!("cannot write {}", out.display()))),
             // The writer stopped first (the disk is full, ...): that is the cause.
             (Err(e), Err(w)) if is_broken_pipe(&e) => {
@@ -415,6 +421,36 @@ mod tests {
             &SquashfsOptions::default(),
         )
         .unwrap();
+    }
+
+    /// What berth's writer skips reaches the conversion's warnings (which
+    /// a pull prints), as the flattener's do.
+    #[test]
+    fn the_writer_s_warnings_reach_the_conversion() {
+        let mut tar = tar::Builder::new(Vec::new());
+        tar.append_pax_extensions([("SCHILY.xattr.system.posix_acl_access", &b"acl"[..])])
+            .unwrap();
+        let mut header = tar::Header::new_gnu();
+        header.set_size(2);
+        header.set_mode(0o644);
+        header.set_cksum();
+        tar.append_data(&mut header, "file", &b"hi"[..]).unwrap();
+        let layer = Layer::from_bytes(tar.into_inner().unwrap(), "acl");
+        let dir = tempfile::tempdir().unwrap();
+        let stats = convert(
+            &[layer],
+            &dir.path().join("image.sqfs"),
+            &SquashfsOptions::default(),
+        )
+        .unwrap();
+        assert!(
+            stats
+                .warnings
+                .iter()
+                .any(|w| w.contains("system.posix_acl_access")),
+            "{:?}",
+            stats.warnings
+        );
     }
 
     /// Measures a conversion of real layers:
