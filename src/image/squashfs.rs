@@ -265,9 +265,14 @@ fn run_builtin<T>(
     std::thread::scope(|s| {
         let writer = std::thread::Builder::new()
             .name("berth-squashfs".to_string())
-            .spawn_scoped(s, move || {
-                let tar = ChunkReader::new(rx, "the flattened tar stream stopped unexpectedly");
-                sqfs::write_from_tar(tar, file, options)
+            .spawn_scoped(s, move || -> Result<sqfs::WriteStats> {
+                let mut tar = ChunkReader::new(rx, "the flattened tar stream stopped unexpectedly");
+                let written = sqfs::write_from_tar(&mut tar, file, options)?;
+                // The writer stops at the tar's end-of-archive blocks: read on
+                // to the stream's end, so the flattener never finds the channel
+                // closed after a success (padding after those blocks is fine).
+                std::io::copy(&mut tar, &mut std::io::sink())?;
+                Ok(written)
             })
             .context("cannot start the squashfs writer's thread")?;
         let mut stream = ChunkWriter::new(tx);
@@ -421,6 +426,31 @@ mod tests {
             &SquashfsOptions::default(),
         )
         .unwrap();
+    }
+
+    /// Bytes after the tar's end-of-archive blocks (tar pads to its record
+    /// size) are read and ignored: the writer is done before the stream is,
+    /// and the feeding side must not see the channel closed.
+    #[test]
+    fn padding_after_the_end_of_the_archive_is_no_broken_pipe() {
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_size(2);
+        header.set_mode(0o644);
+        header.set_cksum();
+        tar.append_data(&mut header, "file", &b"hi"[..]).unwrap();
+        let tar = tar.into_inner().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("image.sqfs");
+        let (fed, warnings) = run_builtin(&out, &WriterOptions::default(), |w| {
+            w.write_all(&tar)?;
+            // More than the channel holds: the sends would fail on a closed channel.
+            w.write_all(&vec![0; 4 * chunks::PIPE_CHUNK * chunks::PIPE_CHUNKS])?;
+            Ok(7)
+        })
+        .unwrap();
+        assert_eq!((fed, warnings.len()), (7, 0));
+        assert!(fs::metadata(&out).unwrap().len() > 0);
     }
 
     /// What berth's writer skips reaches the conversion's warnings (which

@@ -787,7 +787,7 @@ fn memory_grows_with_files_only() {
 }
 
 /// Measures a large tar:
-/// `BERTH_SQFS_BENCH_TAR=f.tar cargo test --release --lib bench_write_from_tar -- --ignored --nocapture`
+/// `BERTH_SQFS_BENCH_TAR=f.tar [BERTH_SQFS_BENCH_LEVEL=1] cargo test --release --lib bench_write_from_tar -- --ignored --nocapture`
 #[test]
 #[ignore]
 fn bench_write_from_tar() {
@@ -801,12 +801,15 @@ fn bench_write_from_tar() {
         .unwrap_or_else(|| dir.path().join("bench.sqfs"));
     let start = std::time::Instant::now();
     let input = std::io::BufReader::with_capacity(1 << 20, File::open(&tar).unwrap());
-    let stats = write_from_tar(
-        input,
-        File::create(&out).unwrap(),
-        &WriterOptions::default(),
-    )
-    .unwrap();
+    // BERTH_SQFS_BENCH_LEVEL: another zstd level, to weigh time against size.
+    let mut options = WriterOptions::default();
+    if let Some(level) = std::env::var("BERTH_SQFS_BENCH_LEVEL")
+        .ok()
+        .and_then(|l| l.parse().ok())
+    {
+        options.zstd_level = level;
+    }
+    let stats = write_from_tar(input, File::create(&out).unwrap(), &options).unwrap();
     eprintln!("{:.2?}: {stats:?}", start.elapsed());
     eprintln!("peak RSS {} KiB", vm_kib("VmHWM:"));
 }
