@@ -15,7 +15,8 @@
 # start time), medians over the runs.
 #
 # Image: BERTH_SCALE_IMAGE (a name in the test registry, default
-# mpich:bookworm, ~71 MB in 2 layers, pushed by tests/harness/images.sh).
+# mpich:bookworm, ~71 MB in 2 layers, pushed by tests/harness/images.sh
+# unless the registry already has it).
 # Starts its own registry and cluster (BERTH_TEST_NAME, default berthscale;
 # BERTH_TEST_SLOT, default 2; ports from the BERTH_TEST_*_PORT variables as in
 # tests/harness) and tears them down.
@@ -44,7 +45,12 @@ LOCAL_STORE="store_path=$STATE/nodes/%n/berth-store"
 SHARED=$STATE/shared-store
 export BERTH_PLUGSTACK_LINE="$BASE $LOCAL_STORE"
 tests/harness/cluster.sh up >/dev/null
-tests/harness/images.sh push "${NAME_IMAGE%%:*}" >/dev/null
+# An image pushed beforehand (for example a bench/pull.sh image, with
+# skopeo, to this registry) is used as it is.
+if ! curl -sf -o /dev/null -H 'Accept: application/vnd.oci.image.manifest.v1+json' \
+    "http://$REGISTRY_ADDR/v2/${NAME_IMAGE%%:*}/manifests/${NAME_IMAGE#*:}"; then
+    tests/harness/images.sh push "${NAME_IMAGE%%:*}" >/dev/null
+fi
 source "/run/$BERTH_TEST_NAME/env"
 cd "$BERTH_TEST_WORKDIR"
 IMAGE=$BERTH_TEST_REGISTRY/$NAME_IMAGE
