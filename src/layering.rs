@@ -52,6 +52,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "test_support",
             "units",
             "fsutil",
+            "root_files",
         ],
     ),
 ];

@@ -25,6 +25,7 @@ pub mod privilege;
 pub mod puller;
 pub mod reference;
 pub mod registry;
+pub mod root_files;
 pub mod safepath;
 pub mod seal;
 pub mod slurm_commands;

@@ -833,6 +833,66 @@ fn truncated_blob_once_is_downloaded_again() {
     f.assert_clean("truncated once");
 }
 
+/// A berth setting that only slurmstepd refuses (here the line's config
+/// file is the user's: srun, run by that user, reads it, and root never
+/// does) fails the job with berth's message and drains no node: Slurm 25.05
+/// and later read `slurm_spank_init_failure_mode`, which berth sets to fail
+/// the job. Earlier releases drain the node after any failed
+/// `slurm_spank_init` in slurmstepd, so the test skips there. The job's
+/// epilog, which reads the same line, leaves the node in service too.
+#[test]
+fn a_setting_slurmstepd_refuses_fails_the_job_and_drains_no_node() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(f) = Faults::get() else { return };
+    if f.cluster.slurm_release() < (25, 5) {
+        eprintln!(
+            "skipped: Slurm {:?} drains the node after a failed slurm_spank_init",
+            f.cluster.slurm_release()
+        );
+        return;
+    }
+    let node = "node2";
+    let dir = PathBuf::from(format!(
+        "{}/init-failure-{}",
+        f.var("BERTH_TEST_STATE_DIR"),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let conf = dir.join("users.conf");
+    std::fs::write(&conf, "registry_retries=0\n").unwrap();
+    let user = common::TEST_USER;
+    let uid = nix::unistd::User::from_name(user).unwrap().unwrap().uid;
+    std::os::unix::fs::chown(&conf, Some(uid.as_raw()), None).unwrap();
+    let line = PlugstackArgs::add(&f, &format!("config={}", conf.display()));
+    let image = f.cluster.image("busybox:latest");
+    let run = f.run_as(
+        user,
+        "srun",
+        &["-w", node, &format!("--container-image={image}"), "true"],
+    );
+    assert_ne!(run.code, 0, "the step ran: {}{}", run.stdout, run.stderr);
+    let shown = format!("{}{}", run.stdout, run.stderr);
+    assert!(
+        shown.contains(&conf.display().to_string()) && shown.contains("it is not root's"),
+        "srun does not say which setting failed: {shown}"
+    );
+    drop(line);
+    assert!(
+        wait_for(Duration::from_secs(30), || f
+            .run_as("root", "squeue", &["-h", "-w", node])
+            .stdout
+            .trim()
+            .is_empty()),
+        "jobs stay on {node}"
+    );
+    f.cluster.assert_nodes_healthy();
+    f.srun(&["-w", node, &format!("--container-image={image}"), "true"])
+        .ok();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A registry that accepts and then says nothing: the pull times out
 /// (registry_timeout) instead of hanging, with a clear error.
 /// The pull helper pulls with the plugin's settings and nothing else: the

@@ -380,14 +380,28 @@ impl Config {
     }
 
     /// Reads `key=value` lines from `path` (`#` comments, blank lines allowed).
+    ///
+    /// Read with root's uid (slurmd, slurmstepd, an admin's `berth`), the
+    /// file is used only when root alone can change it and every folder and
+    /// link on the way to it ([`crate::root_files::read_following_links`]):
+    /// its settings name programs root runs (`helper_path`) and folders root
+    /// writes.
     pub fn apply_file(&mut self, path: &Path, must_exist: bool) -> Result<(), ConfigError> {
-        let text = match std::fs::read_to_string(path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !must_exist => return Ok(()),
-            Err(e) => {
+        let text = match read_config_file(path) {
+            Ok(Some(text)) => text,
+            Ok(None) if !must_exist => return Ok(()),
+            Ok(None) => {
                 return Err(ConfigError {
                     origin: path.display().to_string(),
-                    message: format!("cannot read the berth config file: {e}"),
+                    message: "cannot read the berth config file: it does not exist (create it, \
+                              or name another one with config=PATH)"
+                        .into(),
+                })
+            }
+            Err(message) => {
+                return Err(ConfigError {
+                    origin: path.display().to_string(),
+                    message,
                 })
             }
         };
@@ -407,6 +421,30 @@ impl Config {
             self.set(&key, &value, &origin)?;
         }
         Ok(())
+    }
+}
+
+/// The text of the config file `path`, `Ok(None)` when it does not exist;
+/// with root's uid (real or effective), only a file root alone can change.
+fn read_config_file(path: &Path) -> Result<Option<String>, String> {
+    let as_root = nix::unistd::getuid().is_root() || nix::unistd::geteuid().is_root();
+    if as_root {
+        return crate::root_files::read_following_links(path).map_err(|why| {
+            if !why.contains(" is not used: ") {
+                return why;
+            }
+            format!(
+                "{why}; berth reads its configuration as root here (slurmd and slurmstepd \
+                 run as root), and root uses only a file that no one else can change: make \
+                 the file and every folder above it root's and writable by no group or \
+                 other user (chown root:root FILE; chmod go-w FILE and its folders)"
+            )
+        });
+    }
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("cannot read the berth config file: {e}")),
     }
 }
 

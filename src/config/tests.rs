@@ -355,3 +355,31 @@ fn fanout_keys() {
         assert!(e.to_string().contains(bad), "{e}");
     }
 }
+
+/// Root (slurmd, slurmstepd) never takes settings from a file someone else
+/// can change: `helper_path` there names a program root runs.
+#[test]
+fn root_refuses_a_config_file_another_user_can_change() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("berth.conf");
+    std::fs::write(&file, "helper_path=/home/mallory/berth\n").unwrap();
+    let path = format!("config={}", file.display());
+    let config = Config::from_plugstack_args(&args(&[&path])).unwrap();
+    assert_eq!(
+        config.helper_path,
+        std::path::Path::new("/home/mallory/berth")
+    );
+    std::os::unix::fs::chown(&file, Some(65534), None).unwrap();
+    let e = Config::from_plugstack_args(&args(&[&path]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&file.display().to_string())
+            && e.contains("it is not root's")
+            && e.contains("chown root:root"),
+        "{e}"
+    );
+}

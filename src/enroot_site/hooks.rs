@@ -44,7 +44,7 @@ pub struct Listed {
 /// named in `notes`.
 pub fn list(dir: &Path, notes: &mut Vec<String>) -> Listed {
     let mut listed = Listed::default();
-    for path in super::files::listed(dir, ".sh") {
+    for path in crate::root_files::listed(dir, ".sh") {
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())

@@ -13,11 +13,11 @@
 //! [`EnrootSite::summary`], one line for the log.
 //!
 //! Root reads only root's files that no one else can write, in folders that
-//! root owns up to `/` ([`files`]); anything else is left out and named.
+//! root owns up to `/` ([`crate::root_files`]); anything else is left out and
+//! named.
 
 pub mod conf;
 pub mod environ;
-mod files;
 pub mod hooks;
 /// enroot's fstab parser lives in the container layer (the holder parses
 /// what site hooks append with it too).
@@ -26,6 +26,7 @@ pub use crate::container::fstab;
 use std::path::Path;
 
 use crate::container::usermount::UserMount;
+use crate::root_files;
 
 /// What a site's enroot configuration gives a container.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -58,7 +59,7 @@ impl EnrootSite {
         exists: &dyn Fn(&Path) -> bool,
     ) -> EnrootSite {
         let mut site = EnrootSite::default();
-        match files::trusted_dir(dir) {
+        match root_files::trusted_dir(dir) {
             Ok(true) => {}
             Ok(false) => return site,
             Err(why) => {
@@ -67,7 +68,7 @@ impl EnrootSite {
             }
         }
         let mut conf_files = vec![dir.join("enroot.conf")];
-        conf_files.extend(files::listed(&dir.join("enroot.conf.d"), ".conf"));
+        conf_files.extend(root_files::listed(&dir.join("enroot.conf.d"), ".conf"));
         let mut read = conf::Read::default();
         for path in conf_files {
             if let Some(text) = site.read(&path) {
@@ -99,7 +100,7 @@ impl EnrootSite {
             }
         }
         let hooks_dir = dir.join("hooks.d");
-        match files::trusted_dir(&hooks_dir) {
+        match root_files::trusted_dir(&hooks_dir) {
             Ok(true) => site.hooks = hooks::list(&hooks_dir, &mut site.notes),
             Ok(false) => {}
             Err(why) => site.notes.push(why),
@@ -109,7 +110,7 @@ impl EnrootSite {
 
     /// The text of `path` when it may be used; else a note.
     fn read(&mut self, path: &Path) -> Option<String> {
-        match files::read_trusted(path) {
+        match root_files::read_trusted(path) {
             Ok(text) => text,
             Err(why) => {
                 self.notes.push(why);
@@ -121,8 +122,8 @@ impl EnrootSite {
     /// The files of the subfolder `dir` ending in `suffix`, when the folder
     /// may be used; else a note.
     fn listed(&mut self, dir: &Path, suffix: &str) -> Vec<std::path::PathBuf> {
-        match files::trusted_dir(dir) {
-            Ok(true) => files::listed(dir, suffix),
+        match root_files::trusted_dir(dir) {
+            Ok(true) => root_files::listed(dir, suffix),
             Ok(false) => Vec::new(),
             Err(why) => {
                 self.notes.push(why);

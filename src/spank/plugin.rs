@@ -196,9 +196,18 @@ pub extern "C" fn slurm_spank_job_epilog(
 ) -> c_int {
     guard("slurm_spank_job_epilog", || {
         // Slurm does not call slurm_spank_init before a job script callback:
-        // read the plugstack arguments given here.
-        let config =
-            Config::from_plugstack_args(&plugin_args(argc, argv)).map_err(|e| e.to_string())?;
+        // read the plugstack arguments given here. A broken setting failed
+        // the job's steps already (slurm_spank_init in slurmstepd); failing
+        // the epilog too would drain the node for the site's configuration.
+        let config = match Config::from_plugstack_args(&plugin_args(argc, argv)) {
+            Ok(config) => config,
+            Err(e) => {
+                handle::log_error(&format!(
+                    "job epilog: nothing cleaned up, berth's configuration is broken: {e}"
+                ));
+                return Ok(());
+            }
+        };
         let job = match std::env::var("SLURM_JOB_ID")
             .ok()
             .and_then(|j| j.parse().ok())

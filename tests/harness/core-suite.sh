@@ -14,6 +14,7 @@ CORE_TESTS=(cluster cluster_entry cluster_named cluster_mpi cluster_pin cluster_
 CORE_FILTERED=(
     "cluster_faults=killed_helper_or_task_leaves_nothing_behind"
     "cluster_faults=scancel_at_each_stage"
+    "cluster_faults=a_setting_slurmstepd_refuses_fails_the_job"
     "doctor=slurm_release_of_the_plugin"
 )
 # shellcheck disable=SC2034
