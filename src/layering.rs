@@ -53,6 +53,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "units",
             "fsutil",
             "root_files",
+            "fdpass",
         ],
     ),
 ];

@@ -13,6 +13,7 @@ pub mod container;
 pub mod doctor;
 pub mod enroot_site;
 pub mod fanout;
+pub mod fdpass;
 pub(crate) mod fsutil;
 pub mod helper;
 pub mod image;

@@ -421,6 +421,20 @@ impl Faults {
         self.assert_nodes_idle(what);
     }
 
+    /// Waits (up to 30 s) until no job is left on `node`, its epilog
+    /// included, then checks that no node is drained or down.
+    fn assert_node_done_and_healthy(&self, node: &str) {
+        assert!(
+            wait_for(Duration::from_secs(30), || self
+                .run_as("root", "squeue", &["-h", "-w", node])
+                .stdout
+                .trim()
+                .is_empty()),
+            "jobs stay on {node}"
+        );
+        self.cluster.assert_nodes_healthy();
+    }
+
     /// Every node idle, with no reason set (`sinfo -N -o '%N %T %E'`), within
     /// 30 s: right after the queue empties the backfill scheduler may still
     /// show a node as `planned` for a job that has gone; a drained or failed
@@ -879,15 +893,7 @@ fn a_setting_slurmstepd_refuses_fails_the_job_and_drains_no_node() {
         "srun does not say which setting failed: {shown}"
     );
     drop(line);
-    assert!(
-        wait_for(Duration::from_secs(30), || f
-            .run_as("root", "squeue", &["-h", "-w", node])
-            .stdout
-            .trim()
-            .is_empty()),
-        "jobs stay on {node}"
-    );
-    f.cluster.assert_nodes_healthy();
+    f.assert_node_done_and_healthy(node);
     f.srun(&["-w", node, &format!("--container-image={image}"), "true"])
         .ok();
     let _ = std::fs::remove_dir_all(&dir);
@@ -996,15 +1002,7 @@ fn the_pull_helper_uses_the_plugins_settings_only() {
     );
     // The job epilogs read the line too: remove its files after them.
     drop(line);
-    assert!(
-        wait_for(Duration::from_secs(30), || f
-            .run_as("root", "squeue", &["-h", "-w", node])
-            .stdout
-            .trim()
-            .is_empty()),
-        "jobs stay on {node}"
-    );
-    f.cluster.assert_nodes_healthy();
+    f.assert_node_done_and_healthy(node);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -29,7 +29,8 @@
 # ConstrainDevices, fake GRES GPUs, job_container/tmpfs or, on 25.11+,
 # namespace/tmpfs, where the core suite runs and cluster_gpu with it, on one
 # cluster) or `plain` (linuxproc, task/none). BERTH_RELEASE_CONTAIN_SPANK=yes adds
-# SlurmdParameters=contain_spank, under which berth refuses containers. BERTH_RELEASE_INDEX (default 20) is the third octet of the
+# SlurmdParameters=contain_spank to every root's cluster (the GPU site), a
+# list of roots ("trixie") to theirs only; tests/run.sh runs trixie with it. BERTH_RELEASE_INDEX (default 20) is the third octet of the
 # first root's /24 (the next root takes the next one), also the offset of its
 # ports and the name: a developer's run beside CI's picks another one.
 set -euo pipefail
@@ -61,7 +62,20 @@ site=${BERTH_RELEASE_SITE:-gpu}
 contain_spank=${BERTH_RELEASE_CONTAIN_SPANK:-no}
 base=${BERTH_RELEASE_INDEX:-20}
 [[ $site == gpu || $site == plain ]] || { echo "BERTH_RELEASE_SITE must be gpu or plain (got '$site')" >&2; exit 2; }
-[[ $contain_spank == yes || $contain_spank == no ]] || { echo "BERTH_RELEASE_CONTAIN_SPANK must be yes or no" >&2; exit 2; }
+for word in $contain_spank; do
+    case $word in
+    yes | no | trixie | sid) ;;
+    *) echo "BERTH_RELEASE_CONTAIN_SPANK must be yes, no or a list of release roots (got '$contain_spank')" >&2; exit 2 ;;
+    esac
+done
+# contain_spank_for SUITE: yes when SUITE's cluster runs with contain_spank.
+contain_spank_for() {
+    local word
+    for word in $contain_spank; do
+        [[ $word == yes || $word == "$1" ]] && { echo yes; return; }
+    done
+    echo no
+}
 [[ $base =~ ^[0-9]+$ ]] && ((base >= 10 && base <= 250)) || { echo "BERTH_RELEASE_INDEX must be 10..250" >&2; exit 2; }
 for suite in "$@"; do
     case $suite in
@@ -118,11 +132,11 @@ run_suite() {
     mapfile -t cluster_env < <(release_cluster_env "$index" "$name")
     tests/harness/release-root.sh "$suite" enter env "${cluster_env[@]}" \
         BERTH_TEST_DEBS="$debs" BERTH_TEST_SUITE=core BERTH_TEST_TASK_PROLOG=$prolog \
-        BERTH_TEST_SITE="$site" BERTH_TEST_CONTAIN_SPANK="$contain_spank" \
+        BERTH_TEST_SITE="$site" BERTH_TEST_CONTAIN_SPANK="$(contain_spank_for "$suite")" \
         CARGO_TARGET_DIR="$target/slurm-$suite" BERTH_TEST_BINARIES="$binaries" \
         BERTH_TEST_CACHE_DIR="$cache/images-$suite" \
         tests/run.sh
-    log "$suite: core suite ($site site) passed in $((SECONDS - t0))s"
+    log "$suite: core suite ($site site, contain_spank $(contain_spank_for "$suite")) passed in $((SECONDS - t0))s"
 }
 
 t0=$SECONDS

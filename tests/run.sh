@@ -18,7 +18,8 @@
 #      on the Slurm of each release root (BERTH_TEST_RELEASES, default
 #      "trixie sid": Slurm 24.11 and 26.05) with tests/release.sh, both
 #      roots at once, each with a cluster of its own on the GPU site (so
-#      cluster_gpu runs there too),
+#      cluster_gpu runs there too), trixie's with contain_spank
+#      (BERTH_RELEASE_CONTAIN_SPANK, default "trixie"),
 #   6. tears the cluster and registry down, whatever happened (and waits
 #      for the release roots, which tear down their own).
 #
@@ -210,7 +211,10 @@ if [[ -n $RELEASES ]]; then
     core_list=$CARGO_TARGET_DIR/release-core-tests.txt
     core_binaries "$CARGO_TARGET_DIR" >"$core_list"
     # shellcheck disable=SC2086  # one word per release
-    BERTH_CORE_BINARIES=$core_list BERTH_RELEASE_PARALLEL=1 tests/release.sh $RELEASES >"$RELEASE_LOG" 2>&1 &
+    # trixie's cluster runs with SlurmdParameters=contain_spank (24.05+), sid's
+    # without: both ways of running SPANK's callbacks are tested on a new Slurm.
+    BERTH_RELEASE_CONTAIN_SPANK=${BERTH_RELEASE_CONTAIN_SPANK-trixie} \
+        BERTH_CORE_BINARIES=$core_list BERTH_RELEASE_PARALLEL=1 tests/release.sh $RELEASES >"$RELEASE_LOG" 2>&1 &
     release_pid=$!
 fi
 # A failure above ends the run, once the release roots' suites are done too.

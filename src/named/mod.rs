@@ -19,7 +19,7 @@ pub mod trust;
 
 pub use name::{check_name, ContainerName, NameFlag};
 pub use roots::{NamedKey, NamedMeta, NamedRoot, NamedRoots, Scope};
-pub use running::{Registry, RunningStep};
+pub use running::{HeldElsewhere, Registry, RunningStep};
 
 /// What a step does with a named container.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,11 +10,18 @@
 //! that fails the check is stale and removed. The record goes when the step
 //! lets go of the container.
 //!
+//! Under `SlurmdParameters=contain_spank` the container is built in a clone
+//! of slurmstepd, which sends its descriptors to a socket of slurmstepd
+//! ([`HeldElsewhere`]); slurmstepd holds them only as a queued message.
+//! Such a record names slurmstepd and that socket's descriptor, and a
+//! joining step copies the socket out of slurmstepd (`pidfd_getfd`) and
+//! takes its own copies of the message's descriptors (`MSG_PEEK`).
+//!
 //! Decisions about one name are made under `<runtime>/named/<node>/<label>.lock`
 //! (an exclusive `flock`), so two steps never mount the same root twice.
 
 use std::fs::{self, File};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
@@ -38,6 +45,29 @@ pub struct NamespaceHandle {
     pub inode: u64,
 }
 
+/// Where a container's descriptors are held when not by the process that
+/// built it: queued in a socket of another process (`contain_spank`:
+/// slurmstepd's, sent there by the clone of it that built the container).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldElsewhere {
+    /// The holding process.
+    pub pid: i32,
+    /// Its descriptor of the socket whose queued message carries them.
+    pub channel_fd: i32,
+    /// That socket's inode, against a reused descriptor number.
+    pub channel_inode: u64,
+}
+
+/// The socket of a record's process whose queued message carries the
+/// namespaces (see [`HeldElsewhere`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChannelHandle {
+    /// The descriptor number in the holding process.
+    pub fd: i32,
+    /// The socket's inode (`socket:[INODE]`).
+    pub inode: u64,
+}
+
 /// A step that runs a named container on this node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunningStep {
@@ -49,69 +79,133 @@ pub struct RunningStep {
     pub job: u32,
     /// Its step.
     pub step: u32,
-    /// Its namespaces, user and mount first.
+    /// Its namespaces, user and mount first. With a [`ChannelHandle`],
+    /// each `fd` is the namespace's place in the channel's message.
     pub namespaces: Vec<NamespaceHandle>,
+    /// `contain_spank`: the socket that holds the namespaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<ChannelHandle>,
     /// What the container was built from (workdir, environment, user).
     pub spec: ContainerSpec,
 }
 
 impl RunningStep {
-    /// Describes the container held by this process: its descriptors and
-    /// their namespace inodes.
+    /// Describes the container held by this process, or by `held` when
+    /// its descriptors were handed over (they lead the message, in the
+    /// order of [`Container::namespace_fds`]): descriptors and inodes.
     pub fn of_container(
         container: &Container,
         spec: &ContainerSpec,
         job: u32,
         step: u32,
+        held: Option<&HeldElsewhere>,
     ) -> Result<RunningStep> {
-        let pid = std::process::id() as i32;
+        let pid = held.map_or(std::process::id() as i32, |h| h.pid);
         let namespaces = container
             .namespace_fds()
             .into_iter()
-            .map(|(kind, fd)| {
+            .enumerate()
+            .map(|(place, (kind, fd))| {
                 let inode = nix::sys::stat::fstat(fd)
                     .with_context(|| format!("cannot stat the {kind} namespace descriptor"))?
                     .st_ino;
                 Ok(NamespaceHandle {
                     kind: kind.to_string(),
-                    fd,
+                    fd: if held.is_some() { place as i32 } else { fd },
                     inode,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(RunningStep {
             pid,
-            start_time: start_time(pid).context("cannot read this process's start time")?,
+            start_time: start_time(pid).context("cannot read the holding process's start time")?,
             job,
             step,
             namespaces,
+            channel: held.map(|h| ChannelHandle {
+                fd: h.channel_fd,
+                inode: h.channel_inode,
+            }),
             spec: spec.clone(),
         })
     }
 
-    /// Whether the holding process and every descriptor are still the ones recorded.
+    /// Whether the holding process and every descriptor (or the channel
+    /// holding them) are still the ones recorded.
     pub fn is_alive(&self) -> bool {
+        let names = |fd: i32, expected: String| {
+            fs::read_link(format!("/proc/{}/fd/{fd}", self.pid))
+                .is_ok_and(|link| link.as_os_str() == expected.as_str())
+        };
         start_time(self.pid).ok() == Some(self.start_time)
-            && self.namespaces.iter().all(|ns| {
-                fs::read_link(self.fd_path(ns)).is_ok_and(|link| {
-                    link.as_os_str() == format!("{}:[{}]", ns.kind, ns.inode).as_str()
-                })
-            })
+            && match &self.channel {
+                Some(channel) => names(channel.fd, format!("socket:[{}]", channel.inode)),
+                None => self
+                    .namespaces
+                    .iter()
+                    .all(|ns| names(ns.fd, format!("{}:[{}]", ns.kind, ns.inode))),
+            }
     }
 
-    fn fd_path(&self, ns: &NamespaceHandle) -> PathBuf {
-        PathBuf::from(format!("/proc/{}/fd/{}", self.pid, ns.fd))
+    /// This process's own copies of the namespaces, in the record's order
+    /// (as root): through `/proc/PID/fd`, or copied out of the channel.
+    fn open_namespaces(&self) -> Result<Vec<OwnedFd>> {
+        let Some(channel) = &self.channel else {
+            return self
+                .namespaces
+                .iter()
+                .map(|ns| {
+                    File::open(format!("/proc/{}/fd/{}", self.pid, ns.fd))
+                        .map(OwnedFd::from)
+                        .with_context(|| {
+                            format!("cannot open the running container's {} namespace", ns.kind)
+                        })
+                })
+                .collect();
+        };
+        let gone = || {
+            anyhow::anyhow!(
+                "step {}.{} let go of the container while this step joined it; run the step again",
+                self.job,
+                self.step
+            )
+        };
+        let socket = crate::fdpass::copy_from_process(self.pid, channel.fd).with_context(|| {
+            format!(
+                "cannot copy the container's channel out of process {}",
+                self.pid
+            )
+        })?;
+        let inode = nix::sys::stat::fstat(socket.as_raw_fd()).map_or(0, |m| m.st_ino);
+        if inode != channel.inode {
+            return Err(gone());
+        }
+        let mut sent = crate::fdpass::peek(socket.as_fd()).map_err(|_| gone())?;
+        let mut opened = Vec::new();
+        for ns in &self.namespaces {
+            let place = usize::try_from(ns.fd).ok().filter(|&p| p < sent.len());
+            let Some(place) = place else {
+                bail!(
+                    "the record of step {}.{} names descriptor {} of {} sent",
+                    self.job,
+                    self.step,
+                    ns.fd,
+                    sent.len()
+                );
+            };
+            // Each place is taken once: a placeholder keeps the others' places.
+            let placeholder = File::open("/dev/null").context("cannot open /dev/null")?;
+            opened.push(std::mem::replace(&mut sent[place], placeholder.into()));
+        }
+        Ok(opened)
     }
 
     /// Opens the namespaces (as root) and returns the container to join,
     /// described by `spec` (the record's, perhaps with another workdir).
     pub fn open_with(&self, spec: &ContainerSpec) -> Result<Container> {
         let mut opened: Vec<(String, OwnedFd)> = Vec::new();
-        for ns in &self.namespaces {
-            let path = self.fd_path(ns);
-            let file = File::open(&path).with_context(|| {
-                format!("cannot open the running container's {} namespace", ns.kind)
-            })?;
+        for (ns, fd) in self.namespaces.iter().zip(self.open_namespaces()?) {
+            let file = File::from(fd);
             let inode = file.metadata().map(|m| m.ino()).unwrap_or_default();
             if inode != ns.inode {
                 bail!(
@@ -320,8 +414,59 @@ mod tests {
                 fd: 0,
                 inode: 1,
             }],
+            channel: None,
             spec: ContainerSpec::new("/i.sqfs".into(), Default::default(), user),
         }
+    }
+
+    /// contain_spank: a record names the socket whose queued message holds
+    /// the namespaces; a joiner copies the socket out of the holding process
+    /// and gets its own copies of each namespace, in the record's order; a
+    /// drained channel (the step let go) is an error, not another container.
+    #[test]
+    fn a_record_held_through_a_channel_is_opened_through_it() {
+        use std::os::fd::AsFd;
+        use std::os::unix::net::UnixDatagram;
+        let (tx, rx) = UnixDatagram::pair().unwrap();
+        let user = File::open("/proc/self/ns/user").unwrap();
+        let mnt = File::open("/proc/self/ns/mnt").unwrap();
+        let inode = |f: &File| f.metadata().unwrap().ino();
+        crate::fdpass::send(tx.as_fd(), &[mnt.as_raw_fd(), user.as_raw_fd()]).unwrap();
+        let pid = std::process::id() as i32;
+        let mut held = record(pid, start_time(pid).unwrap());
+        held.namespaces = vec![
+            NamespaceHandle {
+                kind: "user".into(),
+                fd: 1,
+                inode: inode(&user),
+            },
+            NamespaceHandle {
+                kind: "mnt".into(),
+                fd: 0,
+                inode: inode(&mnt),
+            },
+        ];
+        held.channel = Some(ChannelHandle {
+            fd: rx.as_raw_fd(),
+            inode: nix::sys::stat::fstat(rx.as_raw_fd()).unwrap().st_ino,
+        });
+        drop((user, mnt));
+        assert!(held.is_alive());
+        let opened = held.open_namespaces().unwrap();
+        let inodes: Vec<u64> = opened
+            .iter()
+            .map(|fd| nix::sys::stat::fstat(fd.as_raw_fd()).unwrap().st_ino)
+            .collect();
+        assert_eq!(inodes, [held.namespaces[0].inode, held.namespaces[1].inode]);
+        // Another socket at that number: stale.
+        let mut other = held.clone();
+        other.channel.as_mut().unwrap().inode += 1;
+        assert!(!other.is_alive());
+        // The message read away (slurmstepd's exit): no container to join.
+        let mut byte = [0u8];
+        rx.recv(&mut byte).unwrap();
+        let e = held.open_namespaces().unwrap_err().to_string();
+        assert!(e.contains("let go of the container"), "{e}");
     }
 
     /// Records are believed only in folders of root (the caller) that no one

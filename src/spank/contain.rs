@@ -10,15 +10,17 @@
 //! `SCM_RIGHTS` ([`send`]); while the message sits in the socket, the kernel
 //! keeps those files (namespaces, locks) alive. Each task, forked from
 //! slurmstepd, peeks at the message ([`peek`]: `MSG_PEEK` installs a fresh
-//! copy of every descriptor in the peeking process) and uses its own copies.
+//! copy of every descriptor in the peeking process) and uses its own copies;
+//! a later step joining the container as a named one copies slurmstepd's
+//! receiving end out of it and peeks too ([`crate::named::running`]).
 //! slurmstepd's `exit` closes the pair, which lets the files go.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
-/// The most descriptors one step sends.
-const MAX_FDS: usize = 16;
+use crate::fdpass;
+use crate::step::HeldElsewhere;
 
 /// The socket pair: (sending end, receiving end).
 static CHANNEL: OnceLock<(OwnedFd, OwnedFd)> = OnceLock::new();
@@ -56,50 +58,24 @@ pub fn sent() -> bool {
     SENT.load(Ordering::SeqCst)
 }
 
-/// Sends `fds` (the clone's own) to slurmstepd's socket pair.
-pub fn send(fds: &[RawFd]) -> Result<(), String> {
-    let (tx, _) = CHANNEL
+/// Sends `fds` (the clone's own) to slurmstepd's socket pair; returns where
+/// they are held now: slurmstepd (`stepd_pid`), in the queue of its
+/// receiving end, which a step joining the container later copies out.
+pub fn send(fds: &[RawFd], stepd_pid: u32) -> Result<HeldElsewhere, String> {
+    let (tx, rx) = CHANNEL
         .get()
         .ok_or("contain_spank: no socket pair was made in init")?;
-    if fds.is_empty() || fds.len() > MAX_FDS {
-        return Err(format!(
-            "contain_spank: cannot send {} descriptors",
-            fds.len()
-        ));
-    }
-    let bytes = std::mem::size_of_val(fds);
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = unsafe { libc::CMSG_SPACE(bytes as u32) } as usize;
-    let mut control = vec![0u8; space];
-    let mut data = [1u8];
-    let mut iov = libc::iovec {
-        iov_base: data.as_mut_ptr().cast(),
-        iov_len: data.len(),
-    };
-    // SAFETY: msghdr is plain data; the zeroed fields are valid.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    // SAFETY: the control buffer has CMSG_SPACE(bytes) bytes, so the first
-    // header and its data lie inside it.
-    unsafe {
-        let header = libc::CMSG_FIRSTHDR(&msg);
-        (*header).cmsg_level = libc::SOL_SOCKET;
-        (*header).cmsg_type = libc::SCM_RIGHTS;
-        (*header).cmsg_len = libc::CMSG_LEN(bytes as u32) as _;
-        std::ptr::copy_nonoverlapping(fds.as_ptr().cast::<u8>(), libc::CMSG_DATA(header), bytes);
-    }
-    // SAFETY: msg points at buffers that live until sendmsg returns.
-    if unsafe { libc::sendmsg(tx.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) } < 0 {
-        return Err(format!(
-            "contain_spank: cannot send the container's descriptors: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
+    fdpass::send(tx.as_fd(), fds)
+        .map_err(|e| format!("contain_spank: cannot send the container's descriptors: {e}"))?;
     SENT.store(true, Ordering::SeqCst);
-    Ok(())
+    let channel_inode = nix::sys::stat::fstat(rx.as_raw_fd())
+        .map_err(|e| format!("contain_spank: cannot stat the socket pair: {e}"))?
+        .st_ino;
+    Ok(HeldElsewhere {
+        pid: stepd_pid as i32,
+        channel_fd: rx.as_raw_fd(),
+        channel_inode,
+    })
 }
 
 /// This process's own copies of the sent descriptors, in the order sent
@@ -108,51 +84,8 @@ pub fn peek() -> Result<Vec<OwnedFd>, String> {
     let (_, rx) = CHANNEL
         .get()
         .ok_or("contain_spank: no socket pair was made in init")?;
-    let bytes = MAX_FDS * std::mem::size_of::<RawFd>();
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = unsafe { libc::CMSG_SPACE(bytes as u32) } as usize;
-    let mut control = vec![0u8; space];
-    let mut data = [0u8];
-    let mut iov = libc::iovec {
-        iov_base: data.as_mut_ptr().cast(),
-        iov_len: data.len(),
-    };
-    // SAFETY: msghdr is plain data; the zeroed fields are valid.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    let flags = libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC;
-    // SAFETY: msg points at buffers that live until recvmsg returns.
-    if unsafe { libc::recvmsg(rx.as_raw_fd(), &mut msg, flags) } < 0 {
-        return Err(format!(
-            "contain_spank: no container descriptors from user_init: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    let mut fds = Vec::new();
-    // SAFETY: the kernel filled the control buffer; the CMSG macros walk
-    // only the headers inside msg_controllen.
-    unsafe {
-        let mut header = libc::CMSG_FIRSTHDR(&msg);
-        while !header.is_null() {
-            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
-                let len = (*header).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                let data = libc::CMSG_DATA(header).cast::<RawFd>();
-                for i in 0..len / std::mem::size_of::<RawFd>() {
-                    // SAFETY: the kernel installed these descriptors in
-                    // this process for this call; nothing else owns them.
-                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
-                }
-            }
-            header = libc::CMSG_NXTHDR(&msg, header);
-        }
-    }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err("contain_spank: the container's descriptors were cut short".into());
-    }
-    Ok(fds)
+    fdpass::peek(rx.as_fd())
+        .map_err(|e| format!("contain_spank: no container descriptors from user_init: {e}"))
 }
 
 /// Closes the socket pair (slurmstepd's `exit`): the files sent go.
@@ -188,7 +121,8 @@ mod tests {
         open().unwrap();
         let ns = std::fs::File::open("/proc/self/ns/mnt").unwrap();
         let inode = ns.metadata().unwrap().ino();
-        send(&[ns.as_raw_fd()]).unwrap();
+        let held = send(&[ns.as_raw_fd()], std::process::id()).unwrap();
+        assert_eq!(held.pid, std::process::id() as i32);
         assert!(sent());
         drop(ns);
         let first = peek().unwrap();

@@ -17,7 +17,7 @@ use super::handle::{self, Spank};
 use super::options;
 use crate::config::Config;
 use crate::container::env::JOB_LOCALE_VARIABLES;
-use crate::step::{Report, Snapshot, StepContainer};
+use crate::step::{Handover, HeldElsewhere, Report, Snapshot, StepContainer};
 
 /// What this slurmstepd keeps between the callbacks of its step (one
 /// process runs one step on one node).
@@ -58,14 +58,6 @@ static STATE: Mutex<StepdState> = Mutex::new(StepdState {
 fn state() -> MutexGuard<'static, StepdState> {
     STATE.lock().unwrap_or_else(|p| p.into_inner())
 }
-
-/// What `user_init` says when a step under `contain_spank` asks for a named
-/// container, which berth does not carry across Slurm's clones yet.
-const CONTAIN_SPANK_NAMED: &str = "berth cannot yet run named containers (--container-name) with \
-    SlurmdParameters=contain_spank: Slurm then runs user_init in a short-lived clone of \
-    slurmstepd, and the record other steps join through would name that clone. Run the step \
-    without --container-name, or remove contain_spank from SlurmdParameters in slurm.conf and \
-    restart slurmd (berth enters the job's job_container/tmpfs namespace by itself)";
 
 /// Records that this process is slurmstepd itself and makes the socket pair
 /// a `contain_spank` clone sends its descriptors over (called from `init`).
@@ -134,21 +126,18 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
         return Ok(());
     }
     super::local::check_slurm_namespaces(&options)?;
-    let in_a_clone = in_a_clone_of_slurmstepd();
-    if in_a_clone && options.name.is_some() {
-        return Err(CONTAIN_SPANK_NAMED.to_string());
-    }
-    let Some(mut started) = crate::step::start(snapshot(spank)?, options, config, &SpankReport)
-        .map_err(|e| format!("{e:#}"))?
+    // contain_spank: this clone's descriptors die with it; the step hands
+    // them to slurmstepd before it publishes its record.
+    let to_slurmstepd = in_a_clone_of_slurmstepd().then(|| ToSlurmstepd {
+        stepd_pid: state().stepd_pid,
+    });
+    let handover = to_slurmstepd.as_ref().map(|h| h as &dyn Handover);
+    let Some(started) =
+        crate::step::start(snapshot(spank)?, options, config, &SpankReport, handover)
+            .map_err(|e| format!("{e:#}"))?
     else {
         return Ok(());
     };
-    if in_a_clone {
-        // The record for `--container-name=JOB.STEP` names this clone's
-        // descriptors, which no other step could open: withdrawn.
-        started.container.named = None;
-        send_to_slurmstepd(&started.container)?;
-    }
     let mut state = state();
     state.container = Some(started.container);
     state.task_prolog = started.task_prolog;
@@ -159,9 +148,16 @@ fn create_container(spank: &Spank, config: &Config) -> Result<(), String> {
 /// `contain_spank`: this `user_init` runs in a clone of slurmstepd whose
 /// descriptors die with it. The step's descriptors (the container's
 /// namespaces, the image and named holds) go to slurmstepd's socket pair,
-/// where the tasks and the `task_exit` clone find them ([`super::contain`]).
-fn send_to_slurmstepd(step: &StepContainer) -> Result<(), String> {
-    super::contain::send(&step.descriptors())
+/// where the tasks, the `task_exit` clone and later steps joining the
+/// container find them ([`super::contain`]).
+struct ToSlurmstepd {
+    stepd_pid: u32,
+}
+
+impl Handover for ToSlurmstepd {
+    fn hand_over(&self, fds: &[std::os::fd::RawFd]) -> Result<HeldElsewhere, String> {
+        super::contain::send(fds, self.stepd_pid)
+    }
 }
 
 /// This process's own copies of the step's descriptors (`contain_spank`):

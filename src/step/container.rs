@@ -10,10 +10,12 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use super::context::StepContext;
+use super::handover::Handover;
 use super::report::Report;
 use crate::container::save::{SaveRequest, SAVE_ARG};
 use crate::container::Container;
 use crate::named::running::Publication;
+use crate::named::HeldElsewhere;
 use crate::privilege::with_root;
 use crate::store::ImageHold;
 
@@ -33,8 +35,8 @@ pub struct StepContainer {
 
 /// What a step using a named container holds until it lets go.
 pub struct NamedUse {
-    /// This step's record: later steps may join through it.
-    pub publication: Publication,
+    /// This step's record, once published: later steps may join through it.
+    pub publication: Option<Publication>,
     /// A shared lock on the container's folder: `berth containers rm` waits.
     pub hold: Option<File>,
 }
@@ -70,6 +72,22 @@ impl StepContainer {
                 .map(|f| f.as_raw_fd()),
         );
         fds
+    }
+
+    /// Hands [`StepContainer::descriptors`] over with `handover` (the
+    /// step's, `contain_spank`); `None` when there is none and this process
+    /// keeps them.
+    pub fn hand_over(
+        &self,
+        handover: Option<&dyn Handover>,
+    ) -> anyhow::Result<Option<HeldElsewhere>> {
+        let Some(handover) = handover else {
+            return Ok(None);
+        };
+        handover
+            .hand_over(&self.descriptors())
+            .map(Some)
+            .map_err(anyhow::Error::msg)
     }
 
     /// Takes `fds`, this process's copies of [`StepContainer::descriptors`]

@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 
+use super::handover::Handover;
 use super::report::Report;
 use super::request::StepRequest;
 use super::snapshot::Snapshot;
@@ -50,6 +51,9 @@ pub struct StepContext<'a> {
     /// The site's TaskProlog (slurm.conf), run on the host before each task
     /// joins.
     pub task_prolog: Option<PathBuf>,
+    /// `contain_spank`: where the container's descriptors go before the
+    /// step publishes its record; `None` when this process keeps them.
+    pub handover: Option<&'a dyn Handover>,
 }
 
 impl StepContext<'_> {

@@ -20,6 +20,8 @@
 //!   named containers, listed or removed by root);
 //! - `unnamed`: a step without a name;
 //! - `container`: what the tasks join, released and saved at the end;
+//! - `handover`: under `contain_spank`, the descriptors handed to
+//!   slurmstepd before the step's record is published;
 //! - `cancel_watch`: stops a setup whose job ended;
 //! - `pmi_dirs`, `task_prolog`, `timings`: PMI folders, the TaskProlog
 //!   stand-in, the `srun -v` timings.
@@ -30,6 +32,7 @@ pub mod container;
 pub mod context;
 pub mod fanout;
 pub mod grants;
+pub mod handover;
 pub mod image;
 pub mod manage;
 pub mod named;
@@ -47,8 +50,10 @@ mod unnamed;
 use std::path::PathBuf;
 use std::time::Instant;
 
+pub use crate::named::HeldElsewhere;
 pub use container::{PendingSave, StepContainer};
 pub use context::StepContext;
+pub use handover::Handover;
 pub use options::JobOptions;
 pub use report::Report;
 pub use request::StepRequest;
@@ -80,11 +85,15 @@ pub fn wants_container(step: u32, options: &JobOptions, config: &Config) -> bool
 
 /// Sets up the container of this step on this node: `None` when the step
 /// runs without one. A scancel or a time limit during the setup stops it.
-pub fn start(
+///
+/// With `handover` (`contain_spank`), the container's descriptors go there
+/// once it is built, before its record is published.
+pub fn start<'a>(
     snapshot: Snapshot,
     mut options: JobOptions,
-    config: &Config,
-    report: &dyn Report,
+    config: &'a Config,
+    report: &'a dyn Report,
+    handover: Option<&'a dyn Handover>,
 ) -> anyhow::Result<Option<Started>> {
     if let Some(image) = options.image.take() {
         options.image = Some(pin::for_step(&image, snapshot.job_var(pin::PIN_VARIABLE)));
@@ -96,7 +105,8 @@ pub fn start(
     let (job, step) = (snapshot.job, snapshot.step);
     report.debug(&format!("job {job} step {step}: options {options:?}"));
     let request = StepRequest::resolve(&options, config)?;
-    let ctx = context(snapshot, request, config, report)?;
+    let mut ctx = context(snapshot, request, config, report)?;
+    ctx.handover = handover;
     let join_report = ctx.verbose.then(|| ctx.node.clone());
     // Slurm signals nothing before the tasks exist: the watch stops the
     // setup of a job that ended.
@@ -177,6 +187,7 @@ fn context<'a>(
         fanout,
         verbose,
         task_prolog,
+        handover: None,
     })
 }
 

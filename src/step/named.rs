@@ -19,8 +19,8 @@ use crate::config::{Config, ContainerScope};
 use crate::container::{spawn_holder, Container, ContainerSpec, Mode};
 use crate::fsutil::FileLock;
 use crate::named::{
-    decide, Action, ContainerName, NameFlag, NamedKey, NamedMeta, NamedRoot, NamedRoots, Registry,
-    RunningStep, Scope,
+    decide, Action, ContainerName, HeldElsewhere, NameFlag, NamedKey, NamedMeta, NamedRoot,
+    NamedRoots, Registry, RunningStep, Scope,
 };
 use crate::privilege::with_root;
 use crate::store::{ImageHold, StoredImage};
@@ -75,10 +75,13 @@ fn unnamed_key(uid: u32, job: u32, step: u32) -> NamedKey {
 /// Publishes the container of an unnamed step, so that another step of the
 /// same user and job joins it with `--container-name=JOB.STEP` (as with
 /// pyxis). Nothing is kept on disk: the record goes with the step.
+///
+/// `held`: where the container's descriptors went ([`super::handover`]).
 pub fn publish_unnamed(
     ctx: &StepContext,
     container: &Container,
     spec: &ContainerSpec,
+    held: Option<&HeldElsewhere>,
 ) -> anyhow::Result<NamedUse> {
     let key = unnamed_key(ctx.user.uid, ctx.job, ctx.step);
     let describe = |e: anyhow::Error| {
@@ -90,11 +93,11 @@ pub fn publish_unnamed(
     };
     with_root(|| {
         let registry = Registry::new(&ctx.config.runtime_dir, &ctx.node);
-        let record =
-            RunningStep::of_container(container, spec, ctx.job, ctx.step).map_err(describe)?;
+        let record = RunningStep::of_container(container, spec, ctx.job, ctx.step, held)
+            .map_err(describe)?;
         let publication = registry.publish(&key, &record).map_err(describe)?;
         Ok(NamedUse {
-            publication,
+            publication: Some(publication),
             hold: None,
         })
     })
@@ -215,9 +218,6 @@ fn start_as_root(
             (container, spec, Some(held), image_hold, what)
         }
     };
-    let record =
-        RunningStep::of_container(&container, &spec, ctx.job, ctx.step).map_err(describe)?;
-    let publication = registry.publish(key, &record).map_err(describe)?;
     let save = ctx.save_to.as_ref().map(|output| {
         let overlay_dir = roots.dir(key);
         PendingSave {
@@ -227,16 +227,26 @@ fn start_as_root(
             node: ctx.node.clone(),
         }
     });
-    let step = StepContainer {
+    let mut step = StepContainer {
         container,
         keep_job_env: ctx.request.keep_env.clone(),
         image_hold,
         named: Some(NamedUse {
-            publication,
+            publication: None,
             hold: holds,
         }),
         save,
     };
+    // Still under the decision lock: no other step decides on this name
+    // before the record says that this one runs it.
+    let held = step.hand_over(ctx.handover)?;
+    let record =
+        RunningStep::of_container(&step.container, &spec, ctx.job, ctx.step, held.as_ref())
+            .map_err(describe)?;
+    let publication = registry.publish(key, &record).map_err(describe)?;
+    if let Some(named) = &mut step.named {
+        named.publication = Some(publication);
+    }
     Ok((step, what))
 }
 

@@ -62,6 +62,7 @@ fn context<'a>(config: &'a Config, report: &'a Recorded, options: JobOptions) ->
         fanout: None,
         verbose: false,
         task_prolog: None,
+        handover: None,
     }
 }
 
@@ -100,13 +101,15 @@ fn a_step_without_a_container_does_nothing_and_says_nothing() {
         step: EXTERN_STEP,
         ..Default::default()
     };
-    let started = start(snapshot, with_image("ubuntu"), &Config::default(), &report).unwrap();
+    let config = Config::default();
+    let started = start(snapshot, with_image("ubuntu"), &config, &report, None).unwrap();
     assert!(started.is_none());
     let started = start(
         Snapshot::default(),
         JobOptions::default(),
-        &Config::default(),
+        &config,
         &report,
+        None,
     )
     .unwrap();
     assert!(started.is_none());

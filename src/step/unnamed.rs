@@ -61,17 +61,18 @@ pub fn start(ctx: &StepContext) -> anyhow::Result<(StepContainer, String)> {
         ));
     }
     report_start(ctx, &container);
-    // Other steps of the job may join it as `--container-name=JOB.STEP`.
-    let named = super::named::publish_unnamed(ctx, &container, &spec)
-        .map_err(|e| ctx.report.error(&format!("{e:#}")))
-        .ok();
-    let step = StepContainer {
+    let mut step = StepContainer {
         container,
         keep_job_env: ctx.request.keep_env.clone(),
         image_hold,
-        named,
+        named: None,
         save,
     };
+    let held = step.hand_over(ctx.handover)?;
+    // Other steps of the job may join it as `--container-name=JOB.STEP`.
+    step.named = super::named::publish_unnamed(ctx, &step.container, &spec, held.as_ref())
+        .map_err(|e| ctx.report.error(&format!("{e:#}")))
+        .ok();
     let what = format!(
         "for image {image} ({}) ready ({})",
         stored.manifest_digest.as_deref().unwrap_or("squashfs file"),
