@@ -849,22 +849,15 @@ fn truncated_blob_once_is_downloaded_again() {
 
 /// A berth setting that only slurmstepd refuses (here the line's config
 /// file is the user's: srun, run by that user, reads it, and root never
-/// does) fails the job with berth's message and drains no node: Slurm 25.05
-/// and later read `slurm_spank_init_failure_mode`, which berth sets to fail
-/// the job. Earlier releases drain the node after any failed
-/// `slurm_spank_init` in slurmstepd, so the test skips there. The job's
-/// epilog, which reads the same line, leaves the node in service too.
+/// does) fails the container step with berth's message and drains no node,
+/// on every release: slurmstepd's `slurm_spank_init` does not fail for it
+/// (before 25.05 that would drain the node), the step's `user_init` does,
+/// and a bare step on the same node runs. The job's epilog, which reads
+/// the same line, leaves the node in service too.
 #[test]
 fn a_setting_slurmstepd_refuses_fails_the_job_and_drains_no_node() {
     use std::os::unix::fs::PermissionsExt;
     let Some(f) = Faults::get() else { return };
-    if f.cluster.slurm_release() < (25, 5) {
-        eprintln!(
-            "skipped: Slurm {:?} drains the node after a failed slurm_spank_init",
-            f.cluster.slurm_release()
-        );
-        return;
-    }
     let node = "node2";
     let dir = PathBuf::from(format!(
         "{}/init-failure-{}",
@@ -891,6 +884,13 @@ fn a_setting_slurmstepd_refuses_fails_the_job_and_drains_no_node() {
     assert!(
         shown.contains(&conf.display().to_string()) && shown.contains("it is not root's"),
         "srun does not say which setting failed: {shown}"
+    );
+    let bare = f.run_as(user, "srun", &["-w", node, "echo", "bare-ran"]);
+    assert!(
+        bare.code == 0 && bare.stdout.contains("bare-ran"),
+        "a bare step failed with the broken setting: {}{}",
+        bare.stdout,
+        bare.stderr
     );
     drop(line);
     f.assert_node_done_and_healthy(node);

@@ -65,6 +65,13 @@ pub fn refuse_management_in_allocation(options: &JobOptions) -> Result<(), Strin
     Ok(())
 }
 
+/// Whether the options ask berth for anything: a container (an image or
+/// a name) or the management of named ones (`--container-list`,
+/// `--container-remove`).
+pub fn wants_berth(options: &JobOptions) -> bool {
+    options.image.is_some() || options.name.is_some() || crate::step::manage::wanted(options)
+}
+
 /// Refuses a container step where Slurm puts the job in a user namespace
 /// of its own (25.11's `namespace/linux` with `CLONE_NEWUSER`): a task inside
 /// it cannot join the container's user namespace. Checked at submission

@@ -31,10 +31,12 @@ pub static plugin_version: c_uint = ffi::SLURM_VERSION_NUMBER;
 #[used]
 pub static spank_plugin_version: c_uint = 1;
 
-/// Slurm 25.05 and later: a failed `slurm_spank_init` (a broken berth
-/// setting on the plugstack line or in berth.conf) fails the job instead of
-/// draining the node (Slurm's default, `ESPANK_NODE_FAILURE`): berth's
-/// configuration is the site's, and no node is at fault for it.
+/// Slurm 25.05 and later: a failed `slurm_spank_init` fails the job instead
+/// of draining the node (Slurm's default, `ESPANK_NODE_FAILURE`). A broken
+/// berth setting does not fail `slurm_spank_init` on any release (it fails
+/// the steps that want a container, see [`usable_config`]); what still can
+/// (registering the options, contain_spank's socket pair) is no node's fault
+/// either.
 #[cfg(berth_init_failure_mode)]
 #[no_mangle]
 #[used]
@@ -42,9 +44,50 @@ pub static slurm_spank_init_failure_mode: c_int = ffi::slurm_err_t_ESPANK_JOB_FA
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
 
+/// Why the configuration could not be used, when `slurm_spank_init` found
+/// it broken.
+static BROKEN: OnceLock<String> = OnceLock::new();
+
 /// The configuration read at `slurm_spank_init`.
 pub fn config() -> &'static Config {
     CONFIG.get_or_init(Config::default)
+}
+
+/// The configuration, or why it is broken. A broken one fails only what
+/// wants a container, with the reason: bare steps run, and no failed
+/// `slurm_spank_init` drains a node (as Slurm before 25.05 does for any).
+fn usable_config() -> Result<&'static Config, &'static str> {
+    match BROKEN.get() {
+        Some(why) => Err(why),
+        None => Ok(config()),
+    }
+}
+
+/// Reads the plugstack arguments (and the config file) into [`CONFIG`], or
+/// records why they cannot be used in [`BROKEN`] (slurmd's log says so).
+fn read_config(args: &[String]) {
+    match Config::from_plugstack_args(args) {
+        Ok(parsed) => {
+            handle::set_log_level(parsed.log_level);
+            // Once per slurmd start, in slurmd's log.
+            if handle::context() == Context::Slurmd {
+                for note in &parsed.notes {
+                    handle::log_info(note);
+                }
+            }
+            let _ = CONFIG.set(parsed);
+        }
+        Err(e) => {
+            let why = format!(
+                "berth's configuration cannot be used on this host, so no step here runs in \
+                 a container: {e}"
+            );
+            if matches!(handle::context(), Context::Slurmd | Context::Remote) {
+                handle::log_error(&why);
+            }
+            let _ = BROKEN.set(why);
+        }
+    }
 }
 
 fn plugin_args(argc: c_int, argv: *mut *mut c_char) -> Vec<String> {
@@ -56,16 +99,7 @@ fn plugin_args(argc: c_int, argv: *mut *mut c_char) -> Vec<String> {
 #[no_mangle]
 pub extern "C" fn slurm_spank_init(sp: ffi::spank_t, argc: c_int, argv: *mut *mut c_char) -> c_int {
     guard("slurm_spank_init", || {
-        let args = plugin_args(argc, argv);
-        let parsed = Config::from_plugstack_args(&args).map_err(|e| e.to_string())?;
-        handle::set_log_level(parsed.log_level);
-        // Once per slurmd start, in slurmd's log.
-        if handle::context() == Context::Slurmd {
-            for note in &parsed.notes {
-                handle::log_info(note);
-            }
-        }
-        let _ = CONFIG.set(parsed);
+        read_config(&plugin_args(argc, argv));
         if handle::context() == Context::Remote {
             remote::record_stepd_process()?;
         }
@@ -100,6 +134,9 @@ pub extern "C" fn slurm_spank_init_post_opt(
                 options::settle_writable_flags(|name| std::env::var(name).ok(), true)?;
                 options::apply_env_defaults(|name| std::env::var(name).ok())?;
                 let options = options::current();
+                if local::wants_berth(&options) {
+                    usable_config()?;
+                }
                 local::check_options(&options)?;
                 local::check_slurm_namespaces(&options)?;
                 if handle::context() == Context::Allocator {
@@ -150,7 +187,7 @@ pub extern "C" fn slurm_spank_user_init(
             return Ok(());
         }
         let spank = Spank::from_raw(sp);
-        remote::user_init(&spank, config())
+        remote::user_init(&spank, usable_config())
     })
 }
 

@@ -101,10 +101,27 @@ pub fn init_post_opt(_spank: &Spank) -> Result<(), String> {
 
 /// Pulls the image and creates the container for this step on this node. A
 /// failure is logged (srun shows it) and failed again in every task.
-pub fn user_init(spank: &Spank, config: &Config) -> Result<(), String> {
-    if let Err(message) = create_container(spank, config) {
+///
+/// A configuration that `slurm_spank_init` found broken (`Err(why)`) fails
+/// the steps that want a container, with `why`; the others run.
+pub fn user_init(spank: &Spank, config: Result<&Config, &str>) -> Result<(), String> {
+    let created = match config {
+        Ok(config) => create_container(spank, config),
+        Err(why) => refuse_containers(spank, why),
+    };
+    if let Err(message) = created {
         handle::log_error(&message);
         state().setup_failed = true;
+    }
+    Ok(())
+}
+
+/// With a broken configuration: the step fails with `why` when it wants a
+/// container (not the extern step), and runs when it does not.
+fn refuse_containers(spank: &Spank, why: &str) -> Result<(), String> {
+    let step = spank.step_id().map_err(|e| e.to_string())?;
+    if step != crate::step::EXTERN_STEP && super::local::wants_berth(&options::current()) {
+        return Err(why.to_string());
     }
     Ok(())
 }
