@@ -67,7 +67,8 @@ pub fn refuse_management_in_allocation(options: &JobOptions) -> Result<(), Strin
 
 /// Whether the options ask berth for anything: a container (an image or
 /// a name) or the management of named ones (`--container-list`,
-/// `--container-remove`).
+/// `--container-remove`). slurmstepd fails such a step when its
+/// configuration is broken.
 pub fn wants_berth(options: &JobOptions) -> bool {
     options.image.is_some() || options.name.is_some() || crate::step::manage::wanted(options)
 }

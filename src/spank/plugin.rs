@@ -53,9 +53,10 @@ pub fn config() -> &'static Config {
     CONFIG.get_or_init(Config::default)
 }
 
-/// The configuration, or why it is broken. A broken one fails only what
-/// wants a container, with the reason: bare steps run, and no failed
-/// `slurm_spank_init` drains a node (as Slurm before 25.05 does for any).
+/// The configuration, or why slurmstepd found it broken. A broken one
+/// fails only the steps that want a container, with the reason: bare steps
+/// run, and no failed `slurm_spank_init` drains the node (as Slurm before
+/// 25.05 does for any).
 fn usable_config() -> Result<&'static Config, &'static str> {
     match BROKEN.get() {
         Some(why) => Err(why),
@@ -63,9 +64,13 @@ fn usable_config() -> Result<&'static Config, &'static str> {
     }
 }
 
-/// Reads the plugstack arguments (and the config file) into [`CONFIG`], or
-/// records why they cannot be used in [`BROKEN`] (slurmd's log says so).
-fn read_config(args: &[String]) {
+/// Reads the plugstack arguments (and the config file) into [`CONFIG`].
+/// When they cannot be used, srun, sbatch and salloc stop with the reason
+/// (`Err`: nothing is submitted, no node is involved); slurmd and
+/// slurmstepd log it and record it in [`BROKEN`], so that only the steps
+/// that want a container fail, and no failed `slurm_spank_init` drains the
+/// node.
+fn read_config(args: &[String]) -> Result<(), String> {
     match Config::from_plugstack_args(args) {
         Ok(parsed) => {
             handle::set_log_level(parsed.log_level);
@@ -77,17 +82,19 @@ fn read_config(args: &[String]) {
             }
             let _ = CONFIG.set(parsed);
         }
+        Err(e) if matches!(handle::context(), Context::Local | Context::Allocator) => {
+            return Err(e.to_string());
+        }
         Err(e) => {
             let why = format!(
                 "berth's configuration cannot be used on this host, so no step here runs in \
                  a container: {e}"
             );
-            if matches!(handle::context(), Context::Slurmd | Context::Remote) {
-                handle::log_error(&why);
-            }
+            handle::log_error(&why);
             let _ = BROKEN.set(why);
         }
     }
+    Ok(())
 }
 
 fn plugin_args(argc: c_int, argv: *mut *mut c_char) -> Vec<String> {
@@ -99,7 +106,7 @@ fn plugin_args(argc: c_int, argv: *mut *mut c_char) -> Vec<String> {
 #[no_mangle]
 pub extern "C" fn slurm_spank_init(sp: ffi::spank_t, argc: c_int, argv: *mut *mut c_char) -> c_int {
     guard("slurm_spank_init", || {
-        read_config(&plugin_args(argc, argv));
+        read_config(&plugin_args(argc, argv))?;
         if handle::context() == Context::Remote {
             remote::record_stepd_process()?;
         }
@@ -134,9 +141,6 @@ pub extern "C" fn slurm_spank_init_post_opt(
                 options::settle_writable_flags(|name| std::env::var(name).ok(), true)?;
                 options::apply_env_defaults(|name| std::env::var(name).ok())?;
                 let options = options::current();
-                if local::wants_berth(&options) {
-                    usable_config()?;
-                }
                 local::check_options(&options)?;
                 local::check_slurm_namespaces(&options)?;
                 if handle::context() == Context::Allocator {
