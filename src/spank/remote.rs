@@ -195,9 +195,12 @@ fn snapshot(spank: &Spank) -> Result<Snapshot, String> {
     };
     // slurmstepd runs user_init in the job's working directory; a clone of
     // it (contain_spank) is at / after it joined the job's namespace, so
-    // there the job's PWD is taken.
+    // there slurmstepd's own folder is read (as root: slurmstepd's real uid
+    // is root's), and the job's PWD only when that fails (PWD is what the
+    // submitting shell had, not srun's --chdir).
     let cwd = if in_a_clone_of_slurmstepd() {
-        None
+        let stepd = format!("/proc/{}/cwd", state().stepd_pid);
+        crate::privilege::with_root(|| std::fs::read_link(&stepd)).ok()
     } else {
         std::env::current_dir().ok()
     };
