@@ -94,7 +94,8 @@ const MAX_LINKS: usize = 40;
 /// by no one else (root's sticky folders allowed: no one else can rename or
 /// remove root's entries in them), every symlink on the way is root's (and
 /// so lies in such a folder), and the file is a regular file of root's that
-/// no one else can write. A relative `path` starts at the current folder.
+/// no one else can write (or `/dev/null`, read as empty). A relative `path`
+/// starts at the current folder.
 pub fn read_following_links(path: &Path) -> Result<Option<String>, String> {
     let absolute = match path.is_absolute() {
         true => path.to_path_buf(),
@@ -105,6 +106,10 @@ pub fn read_following_links(path: &Path) -> Result<Option<String>, String> {
     let Some(file) = resolve_checked(&absolute)? else {
         return Ok(None);
     };
+    // `BERTH_CONFIG=/dev/null`: no settings (a device, not a file).
+    if file == Path::new("/dev/null") {
+        return Ok(Some(String::new()));
+    }
     read_trusted(&file).map_err(|e| match file == absolute {
         true => e,
         false => format!("{e} (where {} leads)", path.display()),
@@ -116,11 +121,10 @@ pub fn read_following_links(path: &Path) -> Result<Option<String>, String> {
 /// when a component does not exist.
 fn resolve_checked(path: &Path) -> Result<Option<PathBuf>, String> {
     let refused = |what: &Path, why: &str| {
-        Err(format!(
-            "{} is not used: {} {why}",
-            path.display(),
-            what.display()
-        ))
+        Err(match what == path {
+            true => format!("{} is not used: {why}", path.display()),
+            false => format!("{} is not used: {}: {why}", path.display(), what.display()),
+        })
     };
     let mut pending: VecDeque<OsString> = components(path);
     let mut here = PathBuf::from("/");
@@ -256,6 +260,8 @@ mod tests {
             assert_eq!(text.as_deref(), Some("log_level=debug\n"), "{name}");
         }
         assert_eq!(read_following_links(&d.join("missing")).unwrap(), None);
+        let empty = read_following_links(Path::new("/dev/null")).unwrap();
+        assert_eq!(empty.as_deref(), Some(""));
         assert_eq!(
             read_following_links(&d.join("etc/missing/x")).unwrap(),
             None
@@ -284,7 +290,7 @@ mod tests {
         for path in [open.join("berth.conf"), d.join("via-link")] {
             let e = read_following_links(&path).unwrap_err();
             assert!(
-                e.contains(&format!("{} its group or others", open.display())),
+                e.contains(&format!("{}: its group or others", open.display())),
                 "{e}"
             );
         }

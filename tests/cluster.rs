@@ -432,8 +432,9 @@ fn bad_options_fail_before_allocation() {
         let mut args: Vec<&str> = vec![&job_name];
         args.extend_from_slice(options);
         args.push("true");
-        let run = cluster.srun(Submitter::User, &args).failed();
-        assert!(run.stderr.contains(expected), "{options:?}: {}", run.stderr);
+        cluster
+            .srun(Submitter::User, &args)
+            .failed_with(expected, &format!("{options:?}"));
         assert!(
             !cluster.job_exists(&name),
             "{options:?}: a job was allocated"
@@ -469,12 +470,9 @@ fn runtime_errors_are_clear_and_leave_nodes_healthy() {
     for (what, options, expected) in cases {
         let mut args: Vec<&str> = options.iter().map(String::as_str).collect();
         args.push("true");
-        let run = cluster.srun(Submitter::User, &args).failed();
-        assert!(
-            run.stderr.contains(expected),
-            "{what}: expected '{expected}' in srun's output:\n{}",
-            run.stderr
-        );
+        cluster
+            .srun(Submitter::User, &args)
+            .failed_with(expected, &what);
         cluster.assert_nodes_healthy();
     }
 }
@@ -550,8 +548,8 @@ fn unknown_plugstack_argument_is_named() {
         ("importer=relative/importer", "importer=relative/importer"),
     ] {
         let line = format!("required {plugin} {argument}");
-        let run = srun_with_plugstack_line(&cluster, dir.path(), &line).failed();
-        assert!(run.stderr.contains(expected), "{argument}: {}", run.stderr);
+
+        srun_with_plugstack_line(&cluster, dir.path(), &line).failed_with(expected, argument);
     }
     // A pyxis site's line, every key pyxis 0.24 knows, works unchanged.
     let line = format!(
@@ -645,19 +643,14 @@ fn environment_variables_give_options() {
     assert!(run.stdout.contains("ID=berth-busybox"), "{}", run.stdout);
     assert!(run.stdout.contains("/etc"), "{}", run.stdout);
     let name = format!("berth-badenv-{}", std::process::id());
-    let run = cluster
+    cluster
         .slurm_env(
             Submitter::User,
             "srun",
             &[&format!("--job-name={name}"), "true"],
             &[("BERTH_CONTAINER_IMAGE", "Bad Ref")],
         )
-        .failed();
-    assert!(
-        run.stderr.contains("BERTH_CONTAINER_IMAGE=Bad Ref"),
-        "{}",
-        run.stderr
-    );
+        .failed_with("BERTH_CONTAINER_IMAGE=Bad Ref", "");
     assert!(!cluster.job_exists(&name), "a job was allocated");
 }
 
@@ -913,8 +906,9 @@ fn pyxis_parity_of_flags_env_and_mounts() {
         let mut args: Vec<&str> = vec![&job_name, &image];
         args.extend_from_slice(options);
         args.push("true");
-        let run = cluster.srun(Submitter::User, &args).failed();
-        assert!(run.stderr.contains(expected), "{options:?}: {}", run.stderr);
+        cluster
+            .srun(Submitter::User, &args)
+            .failed_with(expected, &format!("{options:?}"));
         assert!(
             !cluster.job_exists(&name),
             "{options:?}: a job was allocated"

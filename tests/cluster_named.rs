@@ -386,18 +386,19 @@ fn users_list_and_remove_their_own_named_containers_through_srun() {
     assert_has(&again.stderr, "nothing to remove", "second rm");
 
     // Bad uses, refused before anything runs.
-    let run = srun(
-        Submitter::User,
-        &[&with_image, &format!("--container-remove={name}"), "true"],
-    )
-    .failed();
-    assert_has(
-        &run.stderr,
-        "cannot be combined with --container-image",
-        "remove + image",
-    );
-    let run = srun(Submitter::User, &["--container-remove=a,,b", "true"]).failed();
-    assert_has(&run.stderr, "empty container name", "remove a,,b");
+    let remove = format!("--container-remove={name}");
+    for (args, expected) in [
+        (
+            &[with_image.as_str(), &remove, "true"][..],
+            "cannot be combined with --container-image",
+        ),
+        (
+            &["--container-remove=a,,b", "true"][..],
+            "empty container name",
+        ),
+    ] {
+        srun(Submitter::User, args).failed_with(expected, &format!("{args:?}"));
+    }
     let run = cluster.slurm(
         Submitter::User,
         "sbatch",
@@ -540,45 +541,28 @@ fn save_relative_multi_node_and_bad_paths() {
     assert!(!run.stdout.trim().is_empty(), "{}", run.stderr);
     let _ = std::fs::remove_file(&saved);
 
-    let run = cluster
-        .srun(
+    // Bad targets, each refused with what to do; a folder for a file before
+    // anything is allocated.
+    let refusals = [
+        (
             Submitter::User,
-            &[
-                "-N1",
-                &with_image,
-                "--container-save=/root/not-yours.sqfs",
-                "true",
-            ],
-        )
-        .failed();
-    assert_has(
-        &run.stderr,
-        "you cannot write to folder /root",
-        "user into /root",
-    );
-    let run = cluster
-        .srun(
+            "/root/not-yours.sqfs",
+            "you cannot write to folder /root",
+        ),
+        (
             Submitter::Root,
-            &[
-                "-N1",
-                &with_image,
-                "--container-save=/nonexistent-berth/x.sqfs",
-                "true",
-            ],
-        )
-        .failed();
-    assert_has(
-        &run.stderr,
-        "/nonexistent-berth does not exist",
-        "missing folder",
-    );
-    let run = cluster
-        .srun(
-            Submitter::User,
-            &["-N1", &with_image, "--container-save=/tmp/", "true"],
-        )
-        .failed();
-    assert_has(&run.stderr, "ends with '/'", "folder as path");
+            "/nonexistent-berth/x.sqfs",
+            "/nonexistent-berth does not exist",
+        ),
+        (Submitter::User, "/tmp/", "ends with '/'"),
+    ]
+    .map(|(who, target, expected)| {
+        let save = format!("--container-save={target}");
+        cluster
+            .srun(who, &["-N1", &with_image, &save, "true"])
+            .failed_with(expected, &save)
+    });
+    let run = &refusals[2];
     assert!(
         !run.stderr.contains("Granted job allocation"),
         "{}",

@@ -434,10 +434,10 @@ fn read_config_file(path: &Path) -> Result<Option<String>, String> {
                 return why;
             }
             format!(
-                "{why}; berth reads its configuration as root here (slurmd and slurmstepd \
-                 run as root), and root uses only a file that no one else can change: make \
-                 the file and every folder above it root's and writable by no group or \
-                 other user (chown root:root FILE; chmod go-w FILE and its folders)"
+                "{why}; berth runs as root here (as in slurmd and slurmstepd), and root \
+                 uses only a config file that no one else can change: make the file and \
+                 every folder above it root's and writable by no group or other user \
+                 (chown root:root FILE; chmod go-w FILE and its folders)"
             )
         });
     }

@@ -62,6 +62,22 @@ impl Run {
         self
     }
 
+    /// Panics with the whole output unless the command failed and its
+    /// standard error holds `needle`; `context` (may be empty) says which
+    /// case of a table it was. The one check of "run, expect failure,
+    /// expect this text".
+    pub fn failed_with(self, needle: &str, context: &str) -> Run {
+        let run = self.failed();
+        assert!(
+            run.stderr.contains(needle),
+            "{context}{}expected '{needle}' in the error\n--- stdout\n{}\n--- stderr\n{}",
+            if context.is_empty() { "" } else { ": " },
+            run.stdout,
+            run.stderr
+        );
+        run
+    }
+
     /// Panics unless the command failed.
     pub fn failed(self) -> Run {
         assert_ne!(
