@@ -1691,6 +1691,72 @@ fn node_pulls_go_through_the_configured_proxy() {
     f.assert_clean("pulls through a proxy");
 }
 
+/// A pyxis + enroot site whose nodes reach registries through a proxy set
+/// in enroot.conf (`http_proxy` without a scheme, as curl takes it): berth's
+/// node pulls go through it with that file as it is, and its `no_proxy`
+/// naming the registry sends them directly again.
+#[test]
+fn a_proxy_in_enroots_configuration_serves_node_pulls() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(f) = Faults::get() else { return };
+    let bridge = f.var("BERTH_TEST_BRIDGE_IP");
+    let proxy = ForwardProxy::start(&bridge);
+    let site = PathBuf::from(format!(
+        "{}/enroot-proxy-{}",
+        f.var("BERTH_TEST_STATE_DIR"),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&site);
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::set_permissions(&site, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let conf = site.join("enroot.conf");
+    let from_nodes = |repository: &str| -> Vec<String> {
+        proxy
+            .requests()
+            .into_iter()
+            .filter(|(peer, line)| *peer != bridge && line.contains(repository))
+            .map(|(_, line)| line)
+            .collect()
+    };
+    let _line = PlugstackArgs::add(&f, &format!("enroot_config_path={}", site.display()));
+    let through = f.fresh_image("enroot-proxied");
+    common::replace_atomically(
+        &conf,
+        &format!(
+            "ENROOT_REMAP_ROOT no\n#https_proxy\nhttp_proxy {}\n",
+            proxy.addr
+        ),
+    );
+    for user in ["root", common::TEST_USER] {
+        let image = format!("--container-image={}", through.via_proxy);
+        f.run_as(user, "srun", &["-N1", "-w", "node1", &image, "true"])
+            .ok();
+    }
+    let seen = from_nodes(&through.repository);
+    assert!(
+        seen.iter()
+            .any(|l| l.contains(&format!("/blobs/{}", through.layers[0]))),
+        "the node's blob request did not go through enroot.conf's proxy: {seen:?}\nall: {:?}",
+        proxy.requests()
+    );
+    let direct = f.fresh_image("enroot-unproxied");
+    let host = f.proxy();
+    let host = host.split(':').next().unwrap();
+    common::replace_atomically(
+        &conf,
+        &format!("http_proxy {}\nno_proxy {host}\n", proxy.addr),
+    );
+    let image = format!("--container-image={}", direct.via_proxy);
+    f.srun(&["-N1", "-w", "node2", &image, "true"]).ok();
+    assert!(
+        from_nodes(&direct.repository).is_empty(),
+        "enroot.conf's no_proxy={host} still went through the proxy: {:?}",
+        proxy.requests()
+    );
+    f.assert_clean("pulls through enroot.conf's proxy");
+    let _ = std::fs::remove_dir_all(&site);
+}
+
 /// `log_level=debug` on the plugstack line: slurmd's log shows the
 /// container's mount table, one fstab-like line per mount (the system binds
 /// and the user's mounts among them); at the default level it shows none.

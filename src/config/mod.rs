@@ -326,6 +326,7 @@ impl Config {
         for (key, value) in &pairs {
             config.set(key, value, origin)?;
         }
+        config.take_enroot_network();
         config.check_fanout(origin)?;
         config.check(origin)?;
         Ok(config)
@@ -376,7 +377,48 @@ impl Config {
             config.store_path = user_store_dir();
             config.runtime_dir = user_runtime_dir();
         }
+        config.take_enroot_network();
         Ok(config)
+    }
+
+    /// enroot's proxies and CA bundle (`http_proxy`, `https_proxy`,
+    /// `all_proxy`, `no_proxy`, `SSL_CERT_FILE` in `enroot.conf` and
+    /// `enroot.conf.d` of `enroot_config_path`, as root may read them) for
+    /// what berth's settings and the environment leave unset, so that a
+    /// pyxis + enroot site behind a proxy pulls with its files as they are.
+    /// A proxy without a scheme is `http://` (as curl, which enroot runs,
+    /// takes it); a value berth cannot use is left out with a note.
+    fn take_enroot_network(&mut self) {
+        let (read, _) = crate::enroot_site::EnrootSite::read_conf(&self.enroot_config_path);
+        let settings = crate::enroot_site::conf::network_settings(&read);
+        let origin = format!("{}/enroot.conf", self.enroot_config_path.display());
+        // The specific proxies first: all_proxy only fills what they leave.
+        for name in crate::enroot_site::conf::NETWORK_NAMES {
+            let Some(&(_, value)) = settings.iter().find(|(n, _)| *n == name) else {
+                continue;
+            };
+            let (keys, value): (&[&str], String) = match name {
+                "all_proxy" => (&["http_proxy", "https_proxy"], with_scheme(value)),
+                "http_proxy" => (&["http_proxy"], with_scheme(value)),
+                "https_proxy" => (&["https_proxy"], with_scheme(value)),
+                "no_proxy" => (&["no_proxy"], value.to_string()),
+                _ => (&["ca_bundle"], value.to_string()),
+            };
+            for key in keys {
+                let unset = match *key {
+                    "http_proxy" => self.proxy.http.is_none(),
+                    "https_proxy" => self.proxy.https.is_none(),
+                    "no_proxy" => self.proxy.no_proxy.is_empty(),
+                    _ => self.ca_bundle.is_none(),
+                };
+                if unset {
+                    if let Err(e) = self.set(key, &value, &origin) {
+                        self.notes
+                            .push(format!("{name} of enroot's configuration not used: {e}"));
+                    }
+                }
+            }
+        }
     }
 
     /// Reads `key=value` lines from `path` (`#` comments, blank lines allowed).
@@ -421,6 +463,15 @@ impl Config {
             self.set(&key, &value, &origin)?;
         }
         Ok(())
+    }
+}
+
+/// A proxy URL as curl takes it: without a scheme, `http://`.
+fn with_scheme(value: &str) -> String {
+    if value.contains("://") {
+        value.to_string()
+    } else {
+        format!("http://{value}")
     }
 }
 

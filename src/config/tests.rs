@@ -383,3 +383,61 @@ fn root_refuses_a_config_file_another_user_can_change() {
         "{e}"
     );
 }
+
+/// A pyxis + enroot site's proxies and CA bundle in enroot.conf serve
+/// berth's pulls where berth's own settings leave them unset; a specific
+/// proxy wins over all_proxy, berth's keys over enroot's.
+#[test]
+fn enroots_proxies_and_ca_bundle_fill_what_berth_leaves_unset() {
+    let proxy_vars = ["http_proxy", "https_proxy", "all_proxy", "no_proxy"];
+    if !nix::unistd::geteuid().is_root()
+        || proxy_vars
+            .iter()
+            .any(|v| std::env::var_os(v).is_some() || std::env::var_os(v.to_uppercase()).is_some())
+    {
+        return;
+    }
+    let bundle = "/etc/ssl/certs/ca-certificates.crt";
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("enroot.conf"),
+        format!(
+            "all_proxy proxy.site:3128\nhttps_proxy http://tls-proxy.site:8443\n\
+             no_proxy localhost,.cluster\nSSL_CERT_FILE {bundle}\n"
+        ),
+    )
+    .unwrap();
+    let site = format!("enroot_config_path={}", dir.path().display());
+    let config = Config::from_plugstack_args(&args(&[&site])).unwrap();
+    assert_eq!(config.proxy.http.as_deref(), Some("http://proxy.site:3128"));
+    assert_eq!(
+        config.proxy.https.as_deref(),
+        Some("http://tls-proxy.site:8443")
+    );
+    assert_eq!(config.proxy.no_proxy, ["localhost", ".cluster"]);
+    if std::path::Path::new(bundle).exists() {
+        assert_eq!(
+            config.ca_bundle.as_deref(),
+            Some(std::path::Path::new(bundle))
+        );
+    }
+    let line = Config::from_plugstack_args(&args(&[&site, "https_proxy=http://berths:1"])).unwrap();
+    assert_eq!(line.proxy.https.as_deref(), Some("http://berths:1"));
+    assert_eq!(line.proxy.http.as_deref(), Some("http://proxy.site:3128"));
+    // A value berth cannot take is left out with a note.
+    std::fs::write(
+        dir.path().join("enroot.conf"),
+        "http_proxy socks5://proxy.site:1080\n",
+    )
+    .unwrap();
+    let config = Config::from_plugstack_args(&args(&[&site])).unwrap();
+    assert_eq!(config.proxy.http, None);
+    assert!(
+        config
+            .notes
+            .iter()
+            .any(|n| n.contains("http_proxy of enroot's configuration")),
+        "{:?}",
+        config.notes
+    );
+}

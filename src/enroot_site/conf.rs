@@ -2,7 +2,8 @@
 //! lines, of which enroot takes the names `ENROOT_*`, `MELLANOX_*`,
 //! `NVIDIA_*`, `SSL_CERT_DIR`, `SSL_CERT_FILE` and the proxy variables; a
 //! later file wins. berth takes the defaults pyxis users see
-//! ([`Defaults`]); every other name set is listed as not used. All of them
+//! ([`Defaults`]) and, for its pulls, the proxies and `SSL_CERT_FILE`
+//! ([`network_settings`]); every other name set is listed as not used. All of them
 //! are kept as `NAME=VALUE` for the site's hooks, which enroot runs with
 //! its settings in their environment.
 
@@ -55,6 +56,11 @@ pub fn parse(text: &str, read: &mut Read) {
                 "{name}: berth does not evaluate shell text ({value})"
             ));
         }
+        if NETWORK_NAMES.contains(&name) {
+            // Taken by berth's configuration for its pulls
+            // ([`network_settings`]).
+            continue;
+        }
         let slot = match name {
             "ENROOT_MOUNT_HOME" => &mut defaults.mount_home,
             "ENROOT_REMAP_ROOT" => &mut defaults.remap_root,
@@ -68,6 +74,27 @@ pub fn parse(text: &str, read: &mut Read) {
         };
         *slot = Some(enroot_true(value));
     }
+}
+
+/// The names of enroot's configuration that berth's pulls take, where
+/// berth's own configuration and slurmd's environment leave them unset:
+/// the proxies and the CA bundle (enroot passes them to curl).
+pub const NETWORK_NAMES: [&str; 5] = [
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+    "no_proxy",
+    "SSL_CERT_FILE",
+];
+
+/// The network settings of `read` (`NAME`, `VALUE`), those of
+/// [`NETWORK_NAMES`] set to a value that is not empty.
+pub fn network_settings(read: &Read) -> Vec<(&str, &str)> {
+    read.settings
+        .iter()
+        .filter_map(|s| s.split_once('='))
+        .filter(|(name, value)| NETWORK_NAMES.contains(name) && !value.is_empty())
+        .collect()
 }
 
 /// The names enroot takes from its configuration files.
@@ -174,5 +201,22 @@ mod tests {
         parse("ENROOT_REMAP_ROOT 1\n", &mut read);
         assert_eq!(read.defaults.remap_root, Some(true));
         assert_eq!(read.settings, ["ENROOT_REMAP_ROOT=1"]);
+    }
+
+    #[test]
+    fn proxies_and_the_ca_file_are_taken_and_not_listed_as_unused() {
+        let mut read = Read::default();
+        parse(
+            "https_proxy proxy.site:3128\nno_proxy \nSSL_CERT_FILE /etc/site.pem\nSSL_CERT_DIR /d\n",
+            &mut read,
+        );
+        assert_eq!(read.unused, ["SSL_CERT_DIR"]);
+        assert_eq!(
+            network_settings(&read),
+            [
+                ("https_proxy", "proxy.site:3128"),
+                ("SSL_CERT_FILE", "/etc/site.pem")
+            ]
+        );
     }
 }

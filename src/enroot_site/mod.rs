@@ -67,14 +67,7 @@ impl EnrootSite {
                 return site;
             }
         }
-        let mut conf_files = vec![dir.join("enroot.conf")];
-        conf_files.extend(root_files::listed(&dir.join("enroot.conf.d"), ".conf"));
-        let mut read = conf::Read::default();
-        for path in conf_files {
-            if let Some(text) = site.read(&path) {
-                conf::parse(&text, &mut read);
-            }
-        }
+        let read = conf_files_of(dir, &mut site);
         site.defaults = read.defaults;
         site.unused = read.unused;
         site.settings = read.settings;
@@ -106,6 +99,22 @@ impl EnrootSite {
             Err(why) => site.notes.push(why),
         }
         site
+    }
+
+    /// What `enroot.conf` and `enroot.conf.d/*.conf` of `dir` set, as
+    /// root may read them (nothing when the folder is missing or may not be
+    /// used); the notes say what was left out and why.
+    pub fn read_conf(dir: &Path) -> (conf::Read, Vec<String>) {
+        let mut site = EnrootSite::default();
+        let read = match root_files::trusted_dir(dir) {
+            Ok(true) => conf_files_of(dir, &mut site),
+            Ok(false) => conf::Read::default(),
+            Err(why) => {
+                site.notes.push(why);
+                conf::Read::default()
+            }
+        };
+        (read, site.notes)
     }
 
     /// The text of `path` when it may be used; else a note.
@@ -152,6 +161,20 @@ impl EnrootSite {
         parts.extend(self.notes.iter().cloned());
         (!parts.is_empty()).then(|| format!("{}: {}", dir.display(), parts.join("; ")))
     }
+}
+
+/// Reads the configuration files of the trusted folder `dir`, in enroot's
+/// order; what cannot be used goes to `site`'s notes.
+fn conf_files_of(dir: &Path, site: &mut EnrootSite) -> conf::Read {
+    let mut conf_files = vec![dir.join("enroot.conf")];
+    conf_files.extend(root_files::listed(&dir.join("enroot.conf.d"), ".conf"));
+    let mut read = conf::Read::default();
+    for path in conf_files {
+        if let Some(text) = site.read(&path) {
+            conf::parse(&text, &mut read);
+        }
+    }
+    read
 }
 
 #[cfg(test)]
