@@ -1595,6 +1595,16 @@ impl ForwardProxy {
         ForwardProxy { addr, seen }
     }
 
+    /// The request lines naming `repository` that came from the nodes (not
+    /// from `bridge`, the machine's own address).
+    fn seen_from_nodes(&self, bridge: &str, repository: &str) -> Vec<String> {
+        self.requests()
+            .into_iter()
+            .filter(|(peer, line)| peer != bridge && line.contains(repository))
+            .map(|(_, line)| line)
+            .collect()
+    }
+
     /// `(peer IP, request line)` of every request so far.
     fn requests(&self) -> Vec<(String, String)> {
         self.seen.lock().unwrap().clone()
@@ -1641,6 +1651,23 @@ fn forward_absolute(
     client.shutdown(std::net::Shutdown::Both)
 }
 
+/// Pulls `image` on node1 as root and as the user and checks that the
+/// node's blob request went through `proxy`.
+fn assert_pulls_go_through(f: &Faults, proxy: &ForwardProxy, image: &Pushed) {
+    for user in ["root", common::TEST_USER] {
+        let option = format!("--container-image={}", image.via_proxy);
+        f.run_as(user, "srun", &["-N1", "-w", "node1", &option, "true"])
+            .ok();
+    }
+    let seen = proxy.seen_from_nodes(&f.var("BERTH_TEST_BRIDGE_IP"), &image.repository);
+    assert!(
+        seen.iter()
+            .any(|l| l.contains(&format!("/blobs/{}", image.layers[0]))),
+        "the node's blob request did not go through the proxy: {seen:?}\nall: {:?}",
+        proxy.requests()
+    );
+}
+
 /// Nodes behind a proxy: `http_proxy=` on the plugstack line sends the
 /// nodes' registry requests through it (the pull helper's environment is
 /// cleared, so the job's or root's variables could not), and `no_proxy=`
@@ -1652,28 +1679,9 @@ fn node_pulls_go_through_the_configured_proxy() {
     let proxy = ForwardProxy::start(&bridge);
     let through = f.fresh_image("proxied");
     let direct = f.fresh_image("unproxied");
-    let from_nodes = |repository: &str| -> Vec<String> {
-        proxy
-            .requests()
-            .into_iter()
-            .filter(|(peer, line)| *peer != bridge && line.contains(repository))
-            .map(|(_, line)| line)
-            .collect()
-    };
     {
         let _args = PlugstackArgs::add(&f, &format!("http_proxy=http://{}", proxy.addr));
-        for user in ["root", common::TEST_USER] {
-            let image = format!("--container-image={}", through.via_proxy);
-            f.run_as(user, "srun", &["-N1", "-w", "node1", &image, "true"])
-                .ok();
-        }
-        let seen = from_nodes(&through.repository);
-        assert!(
-            seen.iter()
-                .any(|l| l.contains(&format!("/blobs/{}", through.layers[0]))),
-            "the node's blob request did not go through the proxy: {seen:?}\nall: {:?}",
-            proxy.requests()
-        );
+        assert_pulls_go_through(&f, &proxy, &through);
     }
     let host = f.proxy();
     let host = host.split(':').next().unwrap();
@@ -1684,7 +1692,9 @@ fn node_pulls_go_through_the_configured_proxy() {
     let image = format!("--container-image={}", direct.via_proxy);
     f.srun(&["-N1", "-w", "node2", &image, "true"]).ok();
     assert!(
-        from_nodes(&direct.repository).is_empty(),
+        proxy
+            .seen_from_nodes(&bridge, &direct.repository)
+            .is_empty(),
         "no_proxy={host} still went through the proxy: {:?}",
         proxy.requests()
     );
@@ -1710,14 +1720,6 @@ fn a_proxy_in_enroots_configuration_serves_node_pulls() {
     std::fs::create_dir_all(&site).unwrap();
     std::fs::set_permissions(&site, std::fs::Permissions::from_mode(0o755)).unwrap();
     let conf = site.join("enroot.conf");
-    let from_nodes = |repository: &str| -> Vec<String> {
-        proxy
-            .requests()
-            .into_iter()
-            .filter(|(peer, line)| *peer != bridge && line.contains(repository))
-            .map(|(_, line)| line)
-            .collect()
-    };
     let _line = PlugstackArgs::add(&f, &format!("enroot_config_path={}", site.display()));
     let through = f.fresh_image("enroot-proxied");
     common::replace_atomically(
@@ -1727,18 +1729,7 @@ fn a_proxy_in_enroots_configuration_serves_node_pulls() {
             proxy.addr
         ),
     );
-    for user in ["root", common::TEST_USER] {
-        let image = format!("--container-image={}", through.via_proxy);
-        f.run_as(user, "srun", &["-N1", "-w", "node1", &image, "true"])
-            .ok();
-    }
-    let seen = from_nodes(&through.repository);
-    assert!(
-        seen.iter()
-            .any(|l| l.contains(&format!("/blobs/{}", through.layers[0]))),
-        "the node's blob request did not go through enroot.conf's proxy: {seen:?}\nall: {:?}",
-        proxy.requests()
-    );
+    assert_pulls_go_through(&f, &proxy, &through);
     let direct = f.fresh_image("enroot-unproxied");
     let host = f.proxy();
     let host = host.split(':').next().unwrap();
@@ -1749,7 +1740,9 @@ fn a_proxy_in_enroots_configuration_serves_node_pulls() {
     let image = format!("--container-image={}", direct.via_proxy);
     f.srun(&["-N1", "-w", "node2", &image, "true"]).ok();
     assert!(
-        from_nodes(&direct.repository).is_empty(),
+        proxy
+            .seen_from_nodes(&bridge, &direct.repository)
+            .is_empty(),
         "enroot.conf's no_proxy={host} still went through the proxy: {:?}",
         proxy.requests()
     );
