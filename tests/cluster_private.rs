@@ -613,13 +613,18 @@ fn sample(namespaces: &HashSet<u64>, secret: &[u8], stop: &AtomicBool, seen: &Mu
             if !pid.bytes().all(|b| b.is_ascii_digit()) || !in_cluster(&pid, namespaces) {
                 continue;
             }
+            // The owner first: a process gone in between is skipped, not
+            // counted with a made-up uid.
+            let Ok(meta) = entry.metadata() else {
+                continue;
+            };
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
             let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
             if has(&cmdline) || has(&environ) {
                 round.leaks.push(format!("pid {pid}: {text}"));
             }
-            let uid = entry.metadata().map(|m| m.uid()).unwrap_or(u32::MAX);
+            let uid = meta.uid();
             if text.contains(" __pull") {
                 round.pullers.push((uid, text));
             } else if text.contains(" __credentials ") {
