@@ -165,6 +165,93 @@ pub fn become_user(uid: u32, gid: u32, groups: &[libc::gid_t]) -> std::io::Resul
     Ok(())
 }
 
+/// [`become_user`] for a process that creates a user namespace next (the
+/// holder): the same switch, but `CAP_SYS_ADMIN` (and no other capability)
+/// stays permitted and effective. Kernels that restrict unprivileged user
+/// namespaces (Debian's `kernel.unprivileged_userns_clone=0`, Ubuntu's
+/// `kernel.apparmor_restrict_unprivileged_userns=1`) let a process with it
+/// create one, and the namespace is still the user's (its owner is the
+/// effective uid), so the step's tasks can enter it. Once the process is in
+/// its new user namespace the capability means nothing outside it; the
+/// user cannot trace or signal the process meanwhile (it holds a
+/// capability the user lacks, and `no_new_privs` is set). Raw syscalls
+/// only, no allocation.
+pub fn become_user_for_a_user_namespace(
+    uid: u32,
+    gid: u32,
+    groups: &[libc::gid_t],
+) -> std::io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let switched = switch_ids(uid, gid, groups);
+    // SAFETY: as above.
+    unsafe { libc::prctl(libc::PR_SET_KEEPCAPS, 0, 0, 0, 0) };
+    switched?;
+    let admin = CapData {
+        effective: 1 << CAP_SYS_ADMIN,
+        permitted: 1 << CAP_SYS_ADMIN,
+        inheritable: 0,
+    };
+    capset(&[admin, CapData::default()])?;
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The header of `capget(2)`/`capset(2)`.
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+/// One 32-bit half of a process's capability sets (version 3 has two).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// `_LINUX_CAPABILITY_VERSION_3`.
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
+/// `CAP_SYS_ADMIN`, capability number 21 (linux/capability.h).
+const CAP_SYS_ADMIN: u32 = 21;
+
+/// The calling thread's capability sets.
+#[cfg(test)]
+fn capget() -> std::io::Result<[CapData; 2]> {
+    let mut header = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: a version-3 header and two data slots, as capget(2) defines them.
+    if unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(data)
+}
+
+/// Sets the calling thread's capability sets.
+fn capset(data: &[CapData; 2]) -> std::io::Result<()> {
+    let mut header = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    // SAFETY: a version-3 header and two data slots, as capset(2) defines them.
+    if unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// [`become_user`] without `no_new_privs`, for [`run_as_user_with_setuid_helpers`] only.
 fn switch_ids(uid: u32, gid: u32, groups: &[libc::gid_t]) -> std::io::Result<()> {
     // SAFETY: getuid never fails; setresuid takes three ids by value (from
@@ -346,42 +433,66 @@ mod tests {
 
     /// Drops `CAP_SETGID` from the calling (child) process: setgroups fails then.
     fn drop_setgid_capability() -> std::io::Result<()> {
-        #[repr(C)]
-        struct Header {
-            version: u32,
-            pid: i32,
+        let mut data = capget()?;
+        // CAP_SETGID is capability number 6 (linux/capability.h).
+        let setgid = 1u32 << 6;
+        data[0].effective &= !setgid;
+        data[0].permitted &= !setgid;
+        capset(&data)
+    }
+
+    /// Needs root: the holder's switch leaves every id the user's, only
+    /// `CAP_SYS_ADMIN` effective and permitted (so a kernel that restricts
+    /// unprivileged user namespaces lets it create one), `no_new_privs`
+    /// set, and the user namespace it then creates is owned by the user
+    /// (so the step's tasks, as the user, can enter it).
+    #[test]
+    fn the_holders_switch_keeps_only_sys_admin_for_its_user_namespace() {
+        if crate::test_support::skip_unless_root(
+            "the_holders_switch_keeps_only_sys_admin_for_its_user_namespace",
+        ) {
+            return;
         }
-        #[repr(C)]
-        #[derive(Clone, Copy)]
-        struct Data {
-            effective: u32,
-            permitted: u32,
-            inheritable: u32,
-        }
-        let mut header = Header {
-            version: 0x2008_0522,
-            pid: 0,
-        };
-        let mut data = [Data {
-            effective: 0,
-            permitted: 0,
-            inheritable: 0,
-        }; 2];
-        // SAFETY: capget/capset with a version-3 header and two data slots,
-        // as capget(2) defines them.
-        unsafe {
-            if libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) != 0 {
-                return Err(std::io::Error::last_os_error());
+        let code = in_child(|| {
+            if become_user_for_a_user_namespace(65534, 65534, &[65534]).is_err() {
+                return 2;
             }
-            // CAP_SETGID is capability number 6 (linux/capability.h).
-            let setgid = 1u32 << 6;
-            data[0].effective &= !setgid;
-            data[0].permitted &= !setgid;
-            if libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) != 0 {
-                return Err(std::io::Error::last_os_error());
+            let Ok(caps) = capget() else { return 3 };
+            let only_admin = caps[0].effective == 1 << CAP_SYS_ADMIN
+                && caps[0].permitted == 1 << CAP_SYS_ADMIN
+                && caps[1].effective == 0
+                && caps[1].permitted == 0;
+            if !only_admin {
+                return 4;
             }
-        }
-        Ok(())
+            // SAFETY: plain get*id and prctl calls.
+            let ids_and_nnp = unsafe {
+                let (mut r, mut e, mut s) = (0, 0, 0);
+                libc::getresuid(&mut r, &mut e, &mut s);
+                [r, e, s] == [65534; 3] && libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1
+            };
+            if !ids_and_nnp {
+                return 5;
+            }
+            // SAFETY: unshare with a flag only.
+            if unsafe { libc::unshare(libc::CLONE_NEWUSER) } != 0 {
+                return 6;
+            }
+            // NS_GET_OWNER_UID (linux/nsfs.h): the owner of the new namespace.
+            const NS_GET_OWNER_UID: libc::c_ulong = 0xb704;
+            let mut owner: libc::uid_t = u32::MAX;
+            // SAFETY: opens a /proc path and asks the kernel for one uid,
+            // written to a valid pointer.
+            let owned_by_user = unsafe {
+                let fd = libc::open(c"/proc/self/ns/user".as_ptr(), libc::O_RDONLY);
+                fd >= 0 && libc::ioctl(fd, NS_GET_OWNER_UID, &mut owner) == 0
+            };
+            if !owned_by_user || owner != 65534 {
+                return 7;
+            }
+            0
+        });
+        assert_eq!(code, 0, "see the check numbered {code} in the test");
     }
 
     /// Needs root: in a child with real uid 0 and effective uid 65534 (as

@@ -143,15 +143,18 @@ fn build_privileged(channel: &mut Channel, spec: &ContainerSpec) -> anyhow::Resu
     };
     lock_user_mounts(&image.root, spec, &plan)?;
     let user = &spec.user;
-    crate::privilege::become_user(user.uid, user.gid, &user.all_gids()).with_context(|| {
-        format!(
-            "switching to user {} (uid {}, gid {}, groups {:?})",
-            user.name,
-            user.uid,
-            user.gid,
-            user.all_gids()
-        )
-    })?;
+    // CAP_SYS_ADMIN stays until the user namespace exists: nodes that
+    // restrict unprivileged user namespaces let the holder create it.
+    crate::privilege::become_user_for_a_user_namespace(user.uid, user.gid, &user.all_gids())
+        .with_context(|| {
+            format!(
+                "switching to user {} (uid {}, gid {}, groups {:?})",
+                user.name,
+                user.uid,
+                user.gid,
+                user.all_gids()
+            )
+        })?;
     enter_user_namespace(channel, spec).context("creating the user namespace")?;
     finish(
         channel,
