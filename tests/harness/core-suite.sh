@@ -9,7 +9,7 @@
 #   CORE_FILTERED       NAME=FILTER: only the tests of NAME matching FILTER
 #   CORE_LAST           cluster_leftovers, alone, after every other test
 # shellcheck disable=SC2034  # read by the scripts that source this file
-CORE_TESTS=(cluster cluster_entry cluster_named cluster_mpi cluster_pin cluster_private cluster_fanout cluster_site)
+CORE_TESTS=(cluster cluster_entry cluster_named cluster_join cluster_mpi cluster_pin cluster_private cluster_fanout cluster_site)
 # shellcheck disable=SC2034
 CORE_FILTERED=(
     "cluster_faults=killed_helper_or_task_leaves_nothing_behind"
