@@ -209,24 +209,28 @@ struct CapHeader {
     pid: i32,
 }
 
-/// One 32-bit half of a process's capability sets (version 3 has two).
+/// One 32-bit half of a process's capability sets (version 3 has two:
+/// capabilities 0 to 31, then 32 to 63).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
+pub(crate) struct CapData {
+    /// The effective set.
+    pub(crate) effective: u32,
+    /// The permitted set.
+    pub(crate) permitted: u32,
+    /// The inheritable set.
+    pub(crate) inheritable: u32,
 }
 
 /// `_LINUX_CAPABILITY_VERSION_3`.
 const CAP_VERSION_3: u32 = 0x2008_0522;
 
 /// `CAP_SYS_ADMIN`, capability number 21 (linux/capability.h).
-const CAP_SYS_ADMIN: u32 = 21;
+pub(crate) const CAP_SYS_ADMIN: u32 = 21;
 
-/// The calling thread's capability sets.
-#[cfg(test)]
-fn capget() -> std::io::Result<[CapData; 2]> {
+/// The calling thread's capability sets (no allocation: safe between fork
+/// and exec).
+pub(crate) fn capget() -> std::io::Result<[CapData; 2]> {
     let mut header = CapHeader {
         version: CAP_VERSION_3,
         pid: 0,
@@ -239,8 +243,8 @@ fn capget() -> std::io::Result<[CapData; 2]> {
     Ok(data)
 }
 
-/// Sets the calling thread's capability sets.
-fn capset(data: &[CapData; 2]) -> std::io::Result<()> {
+/// Sets the calling thread's capability sets (no allocation).
+pub(crate) fn capset(data: &[CapData; 2]) -> std::io::Result<()> {
     let mut header = CapHeader {
         version: CAP_VERSION_3,
         pid: 0,

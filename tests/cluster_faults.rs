@@ -421,6 +421,22 @@ impl Faults {
         self.assert_nodes_idle(what);
     }
 
+    /// A fresh folder of root's (mode 0755) under the cluster's state
+    /// folder, named `label-PID`, for files root reads (config files,
+    /// an enroot site).
+    fn fresh_state_folder(&self, label: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = PathBuf::from(format!(
+            "{}/{label}-{}",
+            self.var("BERTH_TEST_STATE_DIR"),
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        dir
+    }
+
     /// Waits (up to 30 s) until no job is left on `node`, its epilog
     /// included, then checks that no node is drained or down.
     fn assert_node_done_and_healthy(&self, node: &str) {
@@ -856,17 +872,9 @@ fn truncated_blob_once_is_downloaded_again() {
 /// the same line, leaves the node in service too.
 #[test]
 fn a_setting_slurmstepd_refuses_fails_the_job_and_drains_no_node() {
-    use std::os::unix::fs::PermissionsExt;
     let Some(f) = Faults::get() else { return };
     let node = "node2";
-    let dir = PathBuf::from(format!(
-        "{}/init-failure-{}",
-        f.var("BERTH_TEST_STATE_DIR"),
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = f.fresh_state_folder("init-failure");
     let conf = dir.join("users.conf");
     std::fs::write(&conf, "registry_retries=0\n").unwrap();
     let user = common::TEST_USER;
@@ -914,14 +922,7 @@ fn the_pull_helper_uses_the_plugins_settings_only() {
     use std::os::unix::fs::PermissionsExt;
     let Some(f) = Faults::get() else { return };
     let node = "node1";
-    let dir = PathBuf::from(format!(
-        "{}/config-test-{}",
-        f.var("BERTH_TEST_STATE_DIR"),
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = f.fresh_state_folder("config-test");
     let write = |name: &str, text: &str, mode: u32| {
         let path = dir.join(name);
         std::fs::write(&path, text).unwrap();
@@ -1668,6 +1669,20 @@ fn assert_pulls_go_through(f: &Faults, proxy: &ForwardProxy, image: &Pushed) {
     );
 }
 
+/// Pulls `image` on node2 and checks that none of its requests went
+/// through `proxy` (`no_proxy` names `host`).
+fn assert_pull_goes_direct(f: &Faults, proxy: &ForwardProxy, image: &Pushed, host: &str) {
+    let option = format!("--container-image={}", image.via_proxy);
+    f.srun(&["-N1", "-w", "node2", &option, "true"]).ok();
+    assert!(
+        proxy
+            .seen_from_nodes(&f.var("BERTH_TEST_BRIDGE_IP"), &image.repository)
+            .is_empty(),
+        "no_proxy={host} still went through the proxy: {:?}",
+        proxy.requests()
+    );
+}
+
 /// Nodes behind a proxy: `http_proxy=` on the plugstack line sends the
 /// nodes' registry requests through it (the pull helper's environment is
 /// cleared, so the job's or root's variables could not), and `no_proxy=`
@@ -1689,15 +1704,7 @@ fn node_pulls_go_through_the_configured_proxy() {
         &f,
         &format!("http_proxy=http://{} no_proxy={host}", proxy.addr),
     );
-    let image = format!("--container-image={}", direct.via_proxy);
-    f.srun(&["-N1", "-w", "node2", &image, "true"]).ok();
-    assert!(
-        proxy
-            .seen_from_nodes(&bridge, &direct.repository)
-            .is_empty(),
-        "no_proxy={host} still went through the proxy: {:?}",
-        proxy.requests()
-    );
+    assert_pull_goes_direct(&f, &proxy, &direct, host);
     f.assert_clean("pulls through a proxy");
 }
 
@@ -1707,18 +1714,10 @@ fn node_pulls_go_through_the_configured_proxy() {
 /// naming the registry sends them directly again.
 #[test]
 fn a_proxy_in_enroots_configuration_serves_node_pulls() {
-    use std::os::unix::fs::PermissionsExt;
     let Some(f) = Faults::get() else { return };
     let bridge = f.var("BERTH_TEST_BRIDGE_IP");
     let proxy = ForwardProxy::start(&bridge);
-    let site = PathBuf::from(format!(
-        "{}/enroot-proxy-{}",
-        f.var("BERTH_TEST_STATE_DIR"),
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&site);
-    std::fs::create_dir_all(&site).unwrap();
-    std::fs::set_permissions(&site, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let site = f.fresh_state_folder("enroot-proxy");
     let conf = site.join("enroot.conf");
     let _line = PlugstackArgs::add(&f, &format!("enroot_config_path={}", site.display()));
     let through = f.fresh_image("enroot-proxied");
@@ -1737,15 +1736,7 @@ fn a_proxy_in_enroots_configuration_serves_node_pulls() {
         &conf,
         &format!("http_proxy {}\nno_proxy {host}\n", proxy.addr),
     );
-    let image = format!("--container-image={}", direct.via_proxy);
-    f.srun(&["-N1", "-w", "node2", &image, "true"]).ok();
-    assert!(
-        proxy
-            .seen_from_nodes(&bridge, &direct.repository)
-            .is_empty(),
-        "enroot.conf's no_proxy={host} still went through the proxy: {:?}",
-        proxy.requests()
-    );
+    assert_pull_goes_direct(&f, &proxy, &direct, host);
     f.assert_clean("pulls through enroot.conf's proxy");
     let _ = std::fs::remove_dir_all(&site);
 }

@@ -146,45 +146,10 @@ fn start(mut command: Command, program: &str, mountpoint: &Path) -> anyhow::Resu
 /// Makes CAP_SYS_ADMIN (of our user namespace) ambient, so the daemon keeps it
 /// across exec and may call mount(2). Runs between fork and exec.
 fn raise_ambient_sys_admin() -> io::Result<()> {
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-    const CAP_SYS_ADMIN: u32 = 21;
-    let mut header = Header {
-        version: LINUX_CAPABILITY_VERSION_3,
-        pid: 0,
-    };
-    let mut data = [Data {
-        effective: 0,
-        permitted: 0,
-        inheritable: 0,
-    }; 2];
-    // SAFETY: capget writes two Data structs for version 3, which `data` holds.
-    if unsafe {
-        libc::syscall(
-            libc::SYS_capget,
-            &mut header as *mut Header,
-            data.as_mut_ptr(),
-        )
-    } != 0
-    {
-        return Err(io::Error::last_os_error());
-    }
+    use crate::privilege::{capget, capset, CAP_SYS_ADMIN};
+    let mut data = capget()?;
     data[0].inheritable |= 1 << CAP_SYS_ADMIN;
-    // SAFETY: capset reads the header and two Data structs, all valid.
-    if unsafe { libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    capset(&data)?;
     // SAFETY: prctl with integer arguments only.
     let ret = unsafe {
         libc::prctl(
