@@ -6,8 +6,10 @@
 # the plugstack drop-in in /etc/slurm/plugstack.conf.d (a conffile: local edits
 # survive upgrades), the docs in /usr/share/doc/berth. The package depends on
 # the Slurm release whose headers it was built against (the plugin refuses any
-# other release). Its one maintainer script, postinst, creates the system user
-# `berth` that image pulls run as (plugstack pull_user). It honours DPKG_ROOT
+# other release). Its maintainer scripts: postinst creates the system user
+# `berth` that image pulls run as (plugstack pull_user) and, where AppArmor 4
+# is installed, puts the CLI's profile (packaging/apparmor/berth) in
+# /etc/apparmor.d and loads it; postrm takes the profile away. It honours DPKG_ROOT
 # (dpkg --root=DIR --force-script-chrootless, as tests/package.rs installs):
 # the user goes into that root's /etc/passwd, or, when the root has none, a
 # note says so and nothing else happens.
@@ -66,6 +68,9 @@ root=$stage/root
 strip --strip-debug "$root/usr/bin/berth" "$root$plugindir/spank_berth.so"
 install -d "$root/usr/share/doc/berth"
 install -m 0644 "$repo"/README.md "$repo"/docs/*.md "$root/usr/share/doc/berth/"
+# The AppArmor profile for the CLI's user namespaces: postinst puts it in
+# place where AppArmor 4 can parse it (packaging/apparmor/berth says why).
+install -D -m 0644 "$repo/packaging/apparmor/berth" "$root/usr/share/berth/apparmor/berth"
 install -d "$root/DEBIAN"
 size=$(du -sk "$root/usr" "$root/etc" | awk '{s += $1} END {print s}')
 cat >"$root/DEBIAN/control" <<CONTROL
@@ -103,10 +108,36 @@ if [ "$1" = configure ]; then
             --shell /usr/sbin/nologin --comment 'berth image puller' berth
         echo "berth: created the system user berth that image pulls run as" >&2
     fi
+    # The CLI's AppArmor profile, where AppArmor 4 restricts user namespaces.
+    etc="${DPKG_ROOT:-}/etc/apparmor.d"
+    if [ -e "$etc/abi/4.0" ]; then
+        cp "${DPKG_ROOT:-}/usr/share/berth/apparmor/berth" "$etc/berth"
+        if [ -z "${DPKG_ROOT:-}" ] && command -v apparmor_parser >/dev/null 2>&1 &&
+            [ "$(cat /sys/module/apparmor/parameters/enabled 2>/dev/null)" = Y ]; then
+            apparmor_parser -r -T -W "$etc/berth" ||
+                echo "berth: cannot load $etc/berth: ordinary users' berth run may lack user namespaces" >&2
+        fi
+    fi
 fi
 exit 0
 POSTINST
 chmod 0755 "$root/DEBIAN/postinst"
+cat >"$root/DEBIAN/postrm" <<'POSTRM'
+#!/bin/sh
+# Takes away the AppArmor profile postinst put in place.
+set -e
+if [ "$1" = remove ] || [ "$1" = purge ]; then
+    profile="${DPKG_ROOT:-}/etc/apparmor.d/berth"
+    if [ -e "$profile" ]; then
+        if [ -z "${DPKG_ROOT:-}" ] && command -v apparmor_parser >/dev/null 2>&1; then
+            apparmor_parser -R "$profile" 2>/dev/null || true
+        fi
+        rm -f "$profile"
+    fi
+fi
+exit 0
+POSTRM
+chmod 0755 "$root/DEBIAN/postrm"
 mkdir -p "$out"
 deb="$out/berth_${version}_${arch}.deb"
 dpkg-deb --root-owner-group --build "$root" "$deb" >&2

@@ -11,6 +11,8 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use common::private::{push_private, shared_base, unique, CredentialDir};
+use common::proxy::ForwardProxy;
 use common::{enroot_layout_file, give_to, Cluster, PlugstackKeys, Submitter, BOTH};
 
 macro_rules! cluster_or_skip {
@@ -222,14 +224,62 @@ fn a_site_file_others_can_write_is_not_used() {
 const PYXIS_KEYS: &str = "execute_entrypoint=0 container_scope=global sbatch_support=1 \
      use_enroot_load=0 importer=/usr/share/pyxis/importer.sh use_squashfuse=0";
 
+/// A private image's run: srun's output, the uid its password command
+/// ran as, the image's repository.
+struct PrivateRun {
+    run: common::Run,
+    ran_as: String,
+    repository: String,
+}
+
+/// Pushes a private image and runs `id -u` in it as `who`, whose
+/// credentials file (in a folder of theirs under `base`) gives the
+/// password as `$(cmd)`: a command that reads a key only they can read.
+fn run_private(cluster: &Cluster, who: Submitter, base: &Path) -> PrivateRun {
+    let repository = format!(
+        "private/{}",
+        unique(&format!("site-{who:?}").to_lowercase())
+    );
+    let (image, _digest) = push_private(cluster, "busybox:latest", &repository);
+    let user = match who {
+        Submitter::Root => "root",
+        Submitter::User => common::TEST_USER,
+    };
+    let dir = base.join(user);
+    let entry = format!(
+        "machine {} login {} password $(id -u > {dir}/ran-as; cat {dir}/key)\n",
+        cluster.var("BERTH_TEST_BRIDGE_IP"),
+        cluster.var("BERTH_TEST_TOKEN_USER"),
+        dir = dir.display()
+    );
+    let own = CredentialDir::new(base, user, ".credentials", &entry);
+    let key = dir.join("key");
+    std::fs::write(&key, cluster.var("BERTH_TEST_TOKEN_PASSWORD") + "\n").unwrap();
+    std::os::unix::fs::chown(&key, Some(common::uid_of_user(user)), None).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let option = format!("--container-image={image}");
+    let run = cluster.slurm_env(
+        who,
+        "srun",
+        &["-N1", &option, "id", "-u"],
+        &[("ENROOT_CONFIG_PATH", own.path())],
+    );
+    let ran_as = std::fs::read_to_string(dir.join("ran-as")).unwrap_or_default();
+    PrivateRun {
+        run,
+        ran_as: ran_as.trim().to_string(),
+        repository,
+    }
+}
+
 /// A pyxis + enroot site switched to berth with no file changed: pyxis's
 /// plugstack keys on berth's line, the site's enroot folder (enroot.conf
-/// defaults, mounts.d, environ.d and a hook in hooks.d) and a squashfs file
+/// defaults and its proxy for nodes that reach registries only through
+/// one, mounts.d, environ.d and a hook in hooks.d), users' credentials
+/// files with a `$(cmd)` password for a private image, and a squashfs file
 /// that `enroot import` laid out; its jobs run as they ran under pyxis, as
 /// root and as the user. (slurmd names the pyxis keys it ignores in its log
-/// when it starts; a credentials file with `$(cmd)` and a node behind an
-/// HTTP proxy run on this same cluster in cluster_private.rs and
-/// cluster_faults.rs.)
+/// when it starts.)
 #[test]
 fn a_pyxis_enroot_site_runs_its_jobs_unchanged() {
     let cluster = cluster_or_skip!();
@@ -250,9 +300,38 @@ fn a_pyxis_enroot_site_runs_its_jobs_unchanged() {
     std::fs::create_dir_all(&data).unwrap();
     let _data_gone = Removed(data.clone());
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o777)).unwrap();
+    // The nodes' registry requests go through the site's proxy, named in
+    // enroot.conf as enroot sites name it (no scheme).
+    let proxy = ForwardProxy::start(&cluster.var("BERTH_TEST_BRIDGE_IP"));
+    let conf = dir.join("enroot.conf");
+    let mut text = std::fs::read_to_string(&conf).unwrap();
+    text.push_str(&format!("http_proxy {}\n", proxy.addr));
+    write(&conf, &text);
+    let credentials = shared_base();
     let _line = site_line(&cluster, &dir, PYXIS_KEYS);
     let work = cluster.var("BERTH_TEST_WORKDIR");
     for who in BOTH {
+        // A private image, with the user's credentials file as enroot
+        // reads it (ENROOT_CONFIG_PATH/.credentials, a `$(cmd)` password
+        // run as the job's user), pulled through the site's proxy.
+        let private = run_private(&cluster, who, credentials.path());
+        assert_eq!(
+            private.run.stdout.trim(),
+            "0",
+            "{who:?}: the private image (enroot.conf remaps root)\n{}",
+            private.run.stderr
+        );
+        assert_eq!(
+            private.ran_as,
+            uid_of(who),
+            "{who:?}: the password command's uid"
+        );
+        let seen = proxy.seen_from_nodes(&cluster.var("BERTH_TEST_BRIDGE_IP"), &private.repository);
+        assert!(
+            seen.iter().any(|line| line.contains("/blobs/")),
+            "{who:?}: the nodes' pull of {} did not go through enroot.conf's proxy: {seen:?}",
+            private.repository
+        );
         // A registry image: enroot.conf's remapped root and read-only root,
         // the site's variables and mounts, the hook's variable (the hook
         // runs as the job's user, on the host).

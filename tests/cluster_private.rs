@@ -10,12 +10,13 @@ mod common;
 
 use std::collections::HashSet;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use common::private::{push_private, push_unique, shared_base, unique, CredentialDir};
 use common::{output_of, tool, wait_for, Cluster, Run, Submitter};
 
 /// The node every test here runs on, so that "cached on this node" holds.
@@ -32,21 +33,8 @@ fn cluster_alone() -> Option<(Cluster, std::sync::MutexGuard<'static, ()>)> {
     Some((Cluster::get()?, turn))
 }
 
-/// A name no earlier run used.
-fn unique(tag: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{tag}-{}-{nanos}", std::process::id())
-}
-
 fn uid_of(user: &str) -> u32 {
-    nix::unistd::User::from_name(user)
-        .unwrap()
-        .unwrap_or_else(|| panic!("user {user} does not exist (tests/harness/install-deps.sh)"))
-        .uid
-        .as_raw()
+    common::uid_of_user(user)
 }
 
 /// The pull user (`pull_user`, default berth).
@@ -61,77 +49,6 @@ fn other_users(cluster: &Cluster) -> Vec<String> {
         .split_whitespace()
         .map(str::to_string)
         .collect()
-}
-
-/// Pushes `from` (in the anonymous registry) with a configuration of its
-/// own to the token registry as `repository:1`, so no node has it yet.
-/// Returns the reference and its manifest digest.
-fn push_private(cluster: &Cluster, from: &str, repository: &str) -> (String, String) {
-    let creds = format!(
-        "{}:{}",
-        cluster.var("BERTH_TEST_TOKEN_USER"),
-        cluster.var("BERTH_TEST_TOKEN_PASSWORD")
-    );
-    push_unique(
-        cluster,
-        from,
-        &cluster.var("BERTH_TEST_TOKEN_REGISTRY"),
-        repository,
-        Some(&creds),
-    )
-}
-
-/// Pushes `from` (in the anonymous registry) with a configuration of its
-/// own, so a new manifest digest, to `registry/repository:1`.
-fn push_unique(
-    cluster: &Cluster,
-    from: &str,
-    registry: &str,
-    repository: &str,
-    creds: Option<&str>,
-) -> (String, String) {
-    let reference = format!("{registry}/{repository}:1");
-    let digest = common::push_with_env(
-        &format!("{}/{from}", cluster.registry()),
-        &format!("BERTH_PRIVATE={}", unique("v")),
-        &reference,
-        creds,
-    );
-    (reference, digest)
-}
-
-/// A folder only `user` can enter, holding one credentials file.
-struct CredentialDir {
-    dir: PathBuf,
-}
-
-impl CredentialDir {
-    fn new(base: &Path, user: &str, file: &str, text: &str) -> CredentialDir {
-        let dir = base.join(user);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join(file), text).unwrap();
-        let uid = uid_of(user);
-        for path in [dir.join(file), dir.clone()] {
-            std::os::unix::fs::chown(&path, Some(uid), None).unwrap();
-        }
-        std::fs::set_permissions(dir.join(file), std::fs::Permissions::from_mode(0o600)).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
-        CredentialDir { dir }
-    }
-
-    fn path(&self) -> &str {
-        self.dir.to_str().unwrap()
-    }
-}
-
-/// A folder under /var/tmp every user can enter, removed at the end.
-fn shared_base() -> tempfile::TempDir {
-    let base = tempfile::Builder::new()
-        .prefix("berth-private-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    base
 }
 
 /// `srun -N1 -w node1 ARGS` as `user` with `env` (passed to the job).

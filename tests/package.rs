@@ -184,6 +184,10 @@ fn package_installs_and_upgrades_under_a_running_job() {
 
     let root = scratch.path().join("root");
     dpkg_root(&root);
+    // A system with AppArmor 4, which parses the CLI's profile.
+    let apparmor = root.join("etc/apparmor.d");
+    std::fs::create_dir_all(apparmor.join("abi")).unwrap();
+    std::fs::write(apparmor.join("abi/4.0"), "").unwrap();
     dpkg(&root, &["-i", first.to_str().unwrap()]);
     let status = dpkg(&root, &["-s", "berth"]);
     assert!(status.contains("Status: install ok installed"), "{status}");
@@ -211,6 +215,14 @@ fn package_installs_and_upgrades_under_a_running_job() {
     assert!(
         users[0].ends_with(":/nonexistent:/usr/sbin/nologin"),
         "{users:?}"
+    );
+    // The postinst put the CLI's AppArmor profile in place; it allows user
+    // namespaces to the binary the package installs.
+    let profile = std::fs::read_to_string(apparmor.join("berth"))
+        .expect("postinst did not put /etc/apparmor.d/berth in place");
+    assert!(
+        profile.contains("profile berth /usr/bin/berth ") && profile.contains("  userns,"),
+        "{profile}"
     );
     let shipped =
         std::fs::read_to_string(root.join("etc/slurm/plugstack.conf.d/berth.conf")).unwrap();
@@ -311,6 +323,12 @@ fn package_installs_and_upgrades_under_a_running_job() {
         .ok();
     assert_eq!(again.stdout.matches("new").count(), 2, "{}", again.stdout);
     cluster.assert_nodes_healthy();
+    // Removed, the package takes its AppArmor profile along.
+    dpkg(&root, &["-r", "berth"]);
+    assert!(
+        !apparmor.join("berth").exists(),
+        "postrm left /etc/apparmor.d/berth"
+    );
     for entry in std::fs::read_dir("/tmp").unwrap().flatten() {
         if entry
             .file_name()

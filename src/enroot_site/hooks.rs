@@ -14,18 +14,25 @@ const BUILT_IN: &[&str] = &[
     "10-devices.sh",
     "10-home.sh",
     "10-shadow.sh",
+    MIG_CONFIG,
+    SHARP,
     "50-slurm-pmi.sh",
     "50-slurm-pytorch.sh",
     "98-nvidia.sh",
 ];
 
 /// enroot's bundled hooks berth does not run and does not replace yet.
-const NOT_SUPPORTED: &[&str] = &[
-    "10-localtime.sh",
-    "50-mig-config.sh",
-    "50-sharp.sh",
-    "99-mellanox.sh",
-];
+const NOT_SUPPORTED: &[&str] = &["10-localtime.sh", "99-mellanox.sh"];
+
+/// enroot's SHARP hook: berth sets its variables ([`super::sharp`]) when a
+/// site's `hooks.d` has it.
+pub const SHARP: &str = "50-sharp.sh";
+
+/// enroot's MIG hook, which asks NVIDIA's container tool for the MIG
+/// configuration capability: berth's containers have the host's
+/// `/dev/nvidia-caps` and `/proc/driver/nvidia/capabilities` as they are,
+/// so that capability is there as far as the host's permissions give it.
+pub const MIG_CONFIG: &str = "50-mig-config.sh";
 
 /// The hooks of one `hooks.d` folder.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -78,6 +85,11 @@ pub fn list(dir: &Path, notes: &mut Vec<String>) -> Listed {
 }
 
 impl Listed {
+    /// Whether the site's folder has enroot's bundled hook `name`.
+    pub fn has_bundled(&self, name: &str) -> bool {
+        self.built_in.iter().any(|n| n == name)
+    }
+
     /// One line naming the bundled hooks left out, or `None`.
     pub fn skipped_line(&self) -> Option<String> {
         let mut parts = Vec::new();

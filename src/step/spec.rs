@@ -171,6 +171,17 @@ pub fn build_spec(
         spec.extra_binds
             .push(super::task_prolog::container_bind(prolog, &ctx.node_state)?);
     }
+    if site.hooks.has_bundled(crate::enroot_site::hooks::SHARP) {
+        let image_env = spec.image_config.env.clone();
+        let lookup = |name: &str| {
+            job_var(&ctx.job_env, name)
+                .or_else(|| job_var(&image_env, name))
+                .map(str::to_string)
+        };
+        spec.image_config
+            .env
+            .extend(crate::enroot_site::sharp::variables(&lookup));
+    }
     let defaults = site.defaults;
     spec.writable = request
         .writable

@@ -331,3 +331,61 @@ fn site_hooks_get_enroots_settings_under_the_job_env_and_the_container_flags() {
         ]
     );
 }
+
+#[test]
+fn a_site_with_enroots_sharp_hook_gets_its_variables_on_sharp_steps() {
+    if !nix::unistd::geteuid().is_root() {
+        return; // the site folder must be root's
+    }
+    let site = tempfile::tempdir().unwrap();
+    let hooks = site.path().join("hooks.d");
+    std::fs::create_dir(&hooks).unwrap();
+    let config = Config {
+        enroot_config_path: site.path().to_path_buf(),
+        ..Config::default()
+    };
+    let report = Recorded::default();
+    let stored = file_image(ImageConfig {
+        env: vec!["NCCL_COLLNET_ENABLE=0".into()],
+        ..ImageConfig::default()
+    });
+    let mut ctx = context(&config, &report, with_image("/images/a.sqfs"));
+    ctx.job_env = vec![
+        "MELLANOX_VISIBLE_DEVICES=all".into(),
+        "SLURM_NETWORK=sharp".into(),
+        "SLURM_STEP_NUM_NODES=2".into(),
+    ];
+    let sharp_vars = |ctx: &StepContext| -> Vec<String> {
+        build_spec(ctx, &stored, None)
+            .unwrap()
+            .image_config
+            .env
+            .into_iter()
+            .filter(|e| e.starts_with("SHARP_") || e.starts_with("NCCL_"))
+            .collect()
+    };
+    assert_eq!(
+        sharp_vars(&ctx),
+        ["NCCL_COLLNET_ENABLE=0"],
+        "no hook, no SHARP"
+    );
+    let hook = hooks.join("50-sharp.sh");
+    std::fs::write(&hook, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    assert_eq!(
+        sharp_vars(&ctx),
+        [
+            "NCCL_COLLNET_ENABLE=0",
+            "SHARP_COLL_LOCK_ON_COMM_INIT=1",
+            "SHARP_COLL_NUM_COLL_GROUP_RESOURCE_ALLOC_THRESHOLD=0",
+            "NCCL_SHARP_GROUP_SIZE_THRESH=2",
+        ],
+        "the image's own setting wins"
+    );
+    ctx.job_env.retain(|e| !e.starts_with("SLURM_NETWORK="));
+    assert_eq!(
+        sharp_vars(&ctx),
+        ["NCCL_COLLNET_ENABLE=0"],
+        "not a SHARP step"
+    );
+}

@@ -9,6 +9,9 @@
 
 #![allow(dead_code)]
 
+pub mod private;
+pub mod proxy;
+
 use std::collections::HashMap;
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -685,4 +688,13 @@ pub fn replace_atomically(file: &std::path::Path, text: &str) {
     std::fs::write(&temp, text).unwrap();
     std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o644)).unwrap();
     std::fs::rename(&temp, file).unwrap();
+}
+
+/// The uid of `user` (one of the users tests/harness/install-deps.sh makes).
+pub fn uid_of_user(user: &str) -> u32 {
+    nix::unistd::User::from_name(user)
+        .unwrap()
+        .unwrap_or_else(|| panic!("user {user} does not exist (tests/harness/install-deps.sh)"))
+        .uid
+        .as_raw()
 }
