@@ -10,7 +10,9 @@
 //!    root;
 //! 2. `/etc/passwd`, `/etc/group` and every mount point, written safely inside
 //!    the root (see [`crate::container::safepath`]);
-//! 3. host `/proc`, `/sys`, `/dev`, `/tmp`, `/etc/hosts`, `/etc/resolv.conf`;
+//! 3. host `/proc`, `/sys` (with the injection's masks over parts of it),
+//!    `/dev` (or one of the container's own), `/tmp`, `/etc/hosts`,
+//!    `/etc/resolv.conf`;
 //! 4. drop to the user, then a new user and mount namespace, whose maps the
 //!    caller writes (`NeedMaps` / `MapsWritten`);
 //! 5. the user's own mounts (home, `--container-mounts`, runtime binds; the
@@ -445,6 +447,13 @@ fn prepare_root(
         let step = RootStep::bind(bind.clone(), Origin::System);
         mounts::make_root_step(&one_mount, &step)?;
         table.push(step.table_line());
+        if bind.target == Path::new("/sys") {
+            // The masks go over the host's /sys, so through its bind.
+            for step in injection::apply::plan_sys(&spec.injection) {
+                mounts::make_root_step(&root, &step)?;
+                table.push(step.table_line());
+            }
+        }
     }
     Ok(table)
 }

@@ -3,7 +3,8 @@
 //! fstab-like table of what was mounted that `log_level=debug` shows.
 //!
 //! The root holder's own steps (the injected libraries and files, the
-//! system binds, a `/dev` of the container's own) are [`RootStep`]s: data
+//! system binds, a `/dev` of the container's own, the masks over parts of
+//! `/sys`) are [`RootStep`]s: data
 //! that [`crate::container::injection::apply`] plans and the holder makes,
 //! each with [`crate::container::mounts::apply`] like every other mount.
 
@@ -62,6 +63,9 @@ pub enum Origin {
     Dev,
     /// A device the injection adds to that `/dev`.
     Device,
+    /// A part of the host's `/sys` masked, and what is put back in it (the
+    /// InfiniBand devices the container is given).
+    Sys,
 }
 
 impl Origin {
@@ -72,6 +76,7 @@ impl Origin {
             Origin::Injected => "inject",
             Origin::Dev => "dev",
             Origin::Device => "device",
+            Origin::Sys => "sys",
         }
     }
 }
@@ -89,12 +94,15 @@ pub enum RootStep {
         /// What a failure says it was doing (the mount table line when `None`).
         context: Option<String>,
     },
-    /// A symbolic link in the container's own `/dev` (one on the host too).
+    /// A symbolic link in a tmpfs of the holder's: the container's own
+    /// `/dev` (one on the host too) or a masked `/sys` folder.
     Symlink {
         /// The link, in the container.
         target: PathBuf,
         /// Where it points.
         link: PathBuf,
+        /// Why.
+        origin: Origin,
     },
 }
 
@@ -124,9 +132,16 @@ impl RootStep {
     pub fn table_line(&self) -> String {
         match self {
             RootStep::Mount { mount, origin, .. } => table_line(mount, origin.name()),
-            RootStep::Symlink { target, link } => {
-                format!("{} {} symlink - # dev", link.display(), target.display())
-            }
+            RootStep::Symlink {
+                target,
+                link,
+                origin,
+            } => format!(
+                "{} {} symlink - # {}",
+                link.display(),
+                target.display(),
+                origin.name()
+            ),
         }
     }
 }
@@ -258,6 +273,7 @@ mod tests {
         let link = RootStep::Symlink {
             target: "/dev/fd".into(),
             link: "/proc/self/fd".into(),
+            origin: Origin::Dev,
         };
         assert_eq!(link.table_line(), "/proc/self/fd /dev/fd symlink - # dev");
     }

@@ -355,7 +355,7 @@ pub fn make_root_step(root: &RootDir, step: &RootStep) -> anyhow::Result<()> {
                 .clone()
                 .unwrap_or_else(|| format!("cannot mount {}", step.table_line()))
         }),
-        RootStep::Symlink { target, link } => {
+        RootStep::Symlink { target, link, .. } => {
             let (Some(parent), Some(name)) = (target.parent(), target.file_name()) else {
                 bail!("cannot create the link {}: no folder", target.display());
             };

@@ -1,6 +1,7 @@
 //! What the host adds to a container beyond the image: host MPI and
 //! interconnect libraries (site profiles), GPUs and their driver libraries
-//! (NVIDIA discovery or CDI specs), device nodes and environment.
+//! (NVIDIA discovery or CDI specs), InfiniBand devices
+//! (`MELLANOX_VISIBLE_DEVICES`), device nodes and environment.
 //!
 //! Everything is decided before the holder starts, by pure functions over the
 //! configuration, the job's request and the image's config, into one
@@ -14,7 +15,8 @@
 //!
 //! Modules: [`profile`] (site profiles for host MPI and interconnect),
 //! [`gpu`] (NVIDIA GPUs and driver libraries), [`cdi`] (Container Device
-//! Interface specs). The [`Injection`] itself, the loader's formats
+//! Interface specs), [`infiniband`] (which RDMA devices the container
+//! sees). The [`Injection`] itself, the loader's formats
 //! ([`ldcache`], [`abi`]) and the holder's side that applies it live in
 //! `container::injection`, below this module: the container knows what to
 //! apply, never how it was decided.
@@ -23,6 +25,7 @@ use std::path::PathBuf;
 
 pub mod cdi;
 pub mod gpu;
+pub mod infiniband;
 pub mod profile;
 
 pub use crate::container::injection::abi::{self, AbiPolicy};
@@ -63,6 +66,12 @@ pub struct Request {
     pub gpus: Option<Vec<u32>>,
     /// CDI devices asked for by name (`vendor.com/class=name`).
     pub cdi_devices: Vec<String>,
+    /// The job's `MELLANOX_VISIBLE_DEVICES` (see [`infiniband`]); `None`:
+    /// the image's, if it sets one.
+    pub mellanox_visible_devices: Option<String>,
+    /// Whether the container's user is root (remap-root, or root itself):
+    /// it also gets the InfiniBand management devices (`umad`, `issm`).
+    pub root_inside: bool,
 }
 
 /// The CDI kind whose specs, when present, describe the GPUs instead of
@@ -113,9 +122,83 @@ pub fn resolve(
     if !request.cdi_devices.is_empty() {
         injection.extend(cdi::injection(&specs, &request.cdi_devices)?);
     }
+    let sysfs = std::path::Path::new(infiniband::SYSFS);
+    injection.extend(infiniband_injection(sysfs, request, image)?);
     let mut seen = std::collections::BTreeSet::new();
     injection
         .libraries
         .retain(|library| seen.insert(library.soname.clone()));
     Ok(injection)
+}
+
+/// The InfiniBand part of [`resolve`] on the node whose sysfs is at
+/// `sysfs`: the job's `MELLANOX_VISIBLE_DEVICES`, else the image's (its last
+/// entry, as the container would see it).
+fn infiniband_injection(
+    sysfs: &std::path::Path,
+    request: &Request,
+    image: &crate::image::ImageConfig,
+) -> anyhow::Result<Injection> {
+    let from_image = || {
+        image
+            .env
+            .iter()
+            .rev()
+            .find_map(|entry| entry.strip_prefix(infiniband::VARIABLE)?.strip_prefix('='))
+    };
+    match request.mellanox_visible_devices.as_deref() {
+        Some(value) => infiniband::injection(sysfs, Some(value), request.root_inside),
+        None => infiniband::injection(sysfs, from_image(), request.root_inside).map_err(|e| {
+            e.context(format!(
+                "{} comes from the image's environment (or the site's environ.d); set it in the \
+                 job's environment to choose other devices",
+                infiniband::VARIABLE
+            ))
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image_setting(value: &str) -> crate::image::ImageConfig {
+        crate::image::ImageConfig {
+            env: vec![
+                "PATH=/usr/bin".into(),
+                format!("{}={value}", infiniband::VARIABLE),
+            ],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_job_s_mellanox_visible_devices_wins_over_the_image_s() {
+        // A node without InfiniBand: any index fails, `none` plans nothing.
+        let sysfs = tempfile::tempdir().unwrap();
+        let job = |value: Option<&str>| Request {
+            mellanox_visible_devices: value.map(str::to_string),
+            ..Request::default()
+        };
+        let image = image_setting("0");
+        let err = infiniband_injection(sysfs.path(), &job(None), &image)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("MELLANOX_VISIBLE_DEVICES comes from the image's environment"),
+            "{err}"
+        );
+        let planned = infiniband_injection(sysfs.path(), &job(Some("none")), &image).unwrap();
+        assert!(planned.is_empty());
+        let image = image_setting("all");
+        let err = infiniband_injection(sysfs.path(), &job(Some("1")), &image).unwrap_err();
+        assert_eq!(
+            format!("{err:#}"),
+            "MELLANOX_VISIBLE_DEVICES=1: this node has no InfiniBand devices; unset it or use none"
+        );
+        let none = crate::image::ImageConfig::default();
+        assert!(infiniband_injection(sysfs.path(), &job(None), &none)
+            .unwrap()
+            .is_empty());
+    }
 }

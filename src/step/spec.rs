@@ -114,11 +114,6 @@ pub fn build_spec(
         .as_ref()
         .map(|given| given.value.clone())
         .unwrap_or_default();
-    let inject = crate::inject::Request {
-        mpi: request.mpi.clone(),
-        gpus: crate::inject::gpu::step_gpus(|name| job_var(&ctx.job_env, name)),
-        cdi_devices: Vec::new(),
-    };
     let image = request.image_text().unwrap_or("of the named container");
     // enroot's site configuration: defaults, site mounts first, variables.
     let site = crate::enroot_site::EnrootSite::load(
@@ -126,6 +121,18 @@ pub fn build_spec(
         &|name| job_var(&ctx.job_env, name).map(str::to_string),
         &|path| path.exists(),
     );
+    let remap_root = request
+        .remap_root
+        .or(site.defaults.remap_root)
+        .unwrap_or(false);
+    let inject = crate::inject::Request {
+        mpi: request.mpi.clone(),
+        gpus: crate::inject::gpu::step_gpus(|name| job_var(&ctx.job_env, name)),
+        cdi_devices: Vec::new(),
+        mellanox_visible_devices: job_var(&ctx.job_env, crate::inject::infiniband::VARIABLE)
+            .map(str::to_string),
+        root_inside: remap_root || ctx.user.uid == 0,
+    };
     if let Some(line) = site.summary(&ctx.config.enroot_config_path) {
         ctx.report
             .info(&format!("job {} step {}: {line}", ctx.job, ctx.step));
@@ -188,7 +195,7 @@ pub fn build_spec(
         .or(defaults.rootfs_writable)
         .unwrap_or(true);
     spec.mount_home = request.mount_home.or(defaults.mount_home).unwrap_or(false);
-    spec.remap_root = request.remap_root.or(defaults.remap_root).unwrap_or(false);
+    spec.remap_root = remap_root;
     if !site.hooks.scripts.is_empty() {
         spec.site_hooks = Some(crate::container::spec::SiteHooks {
             scripts: site.hooks.scripts,

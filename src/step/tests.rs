@@ -212,6 +212,7 @@ fn the_common_spec_resolves_relative_mounts_or_says_why_not() {
             mpi: None,
             gpus: None,
             cdi_devices: Vec::new(),
+            ..Default::default()
         },
     };
     let spec = image_spec(input(Some(Path::new("/home/someone")))).unwrap();

@@ -108,6 +108,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
             mpi,
             gpus,
             cdi_devices: devices,
+            // The container gets this process's environment, so its
+            // MELLANOX_VISIBLE_DEVICES too; no remap-root here.
+            mellanox_visible_devices: std::env::var(inject::infiniband::VARIABLE).ok(),
+            root_inside: uid == 0,
         },
     })
     .map_err(|e| match e {

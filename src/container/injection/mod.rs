@@ -36,6 +36,30 @@ pub struct HostLibrary {
     pub origin: String,
 }
 
+/// A host `/sys` folder the container sees only in part
+/// (`/sys/class/infiniband_verbs` with some devices left out): an empty tmpfs
+/// over it, then some of its host files bound back and some of its links
+/// made again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SysMask {
+    /// The folder, as the container names it (under `/sys`).
+    pub folder: PathBuf,
+    /// Host files bound back read-only into it (`abi_version`).
+    pub files: Vec<MountSpec>,
+    /// Links made again in it.
+    pub links: Vec<SysLink>,
+}
+
+/// A link of a [`SysMask`] folder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SysLink {
+    /// Its name in the folder (`uverbs1`).
+    pub name: String,
+    /// Where it points: the real sysfs path of the entry
+    /// (`/sys/devices/pci0000:00/.../infiniband_verbs/uverbs1`).
+    pub points_to: PathBuf,
+}
+
 /// Everything injected into one container.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Injection {
@@ -53,6 +77,10 @@ pub struct Injection {
     /// container gets a `/dev` of its own (a tmpfs with binds of every other
     /// host entry) instead of the host's whole `/dev`.
     pub hidden_devices: Vec<PathBuf>,
+    /// Host `/sys` folders shown only in part (the InfiniBand devices not
+    /// given), masked once the host's `/sys` is bound.
+    #[serde(default)]
+    pub sys_masks: Vec<SysMask>,
     /// Environment variables (`NAME=VALUE`) set in the container over the
     /// image's.
     pub env: Vec<String>,
@@ -67,6 +95,7 @@ impl Injection {
             && self.files.is_empty()
             && self.devices.is_empty()
             && self.hidden_devices.is_empty()
+            && self.sys_masks.is_empty()
             && self.env.is_empty()
     }
 
@@ -81,6 +110,7 @@ impl Injection {
         self.files.extend(other.files);
         self.devices.extend(other.devices);
         self.hidden_devices.extend(other.hidden_devices);
+        self.sys_masks.extend(other.sys_masks);
         self.env.extend(other.env);
         self.summary.extend(other.summary);
     }
