@@ -326,6 +326,33 @@ fn a_pyxis_enroot_site_runs_its_jobs_unchanged() {
             uid_of(who),
             "{who:?}: the password command's uid"
         );
+        // enroot's 99-mellanox.sh, built in: a list of device indices the
+        // node lacks (these nodes have no InfiniBand) fails the step with
+        // the reason; `all` shows the node's devices, none here.
+        let image = format!("--container-image={}", cluster.image("busybox:latest"));
+        for (value, outcome) in [
+            (
+                "0",
+                Err("MELLANOX_VISIBLE_DEVICES=0: this node has no InfiniBand devices"),
+            ),
+            ("all", Ok("ran")),
+        ] {
+            let run = cluster.slurm_env(
+                who,
+                "srun",
+                &["-N1", &image, "echo", "ran"],
+                &[("MELLANOX_VISIBLE_DEVICES", value)],
+            );
+            match outcome {
+                Ok(out) => assert_eq!(run.ok().stdout.trim(), out, "{who:?}: {value}"),
+                Err(needle) => {
+                    run.failed_with(
+                        needle,
+                        &format!("{who:?}: MELLANOX_VISIBLE_DEVICES={value}"),
+                    );
+                }
+            }
+        }
         let seen = proxy.seen_from_nodes(&cluster.var("BERTH_TEST_BRIDGE_IP"), &private.repository);
         assert!(
             seen.iter().any(|line| line.contains("/blobs/")),

@@ -19,10 +19,12 @@ const BUILT_IN: &[&str] = &[
     "50-slurm-pmi.sh",
     "50-slurm-pytorch.sh",
     "98-nvidia.sh",
+    // MELLANOX_VISIBLE_DEVICES: crate::inject::infiniband.
+    "99-mellanox.sh",
 ];
 
 /// enroot's bundled hooks berth does not run and does not replace yet.
-const NOT_SUPPORTED: &[&str] = &["10-localtime.sh", "99-mellanox.sh"];
+const NOT_SUPPORTED: &[&str] = &["10-localtime.sh"];
 
 /// enroot's SHARP hook: berth sets its variables ([`super::sharp`]) when a
 /// site's `hooks.d` has it.

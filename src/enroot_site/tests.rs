@@ -140,6 +140,7 @@ fn hooks_d_gives_the_sites_executable_root_hooks_and_leaves_enroots_out_by_name(
         ("40-open.sh", 0o777),
         ("98-nvidia.sh", 0o755),
         ("99-mellanox.sh", 0o755),
+        ("10-localtime.sh", 0o755),
         ("README", 0o755),
     ] {
         write(&hooks.join(name), "#!/bin/sh\n", mode);
@@ -150,8 +151,8 @@ fn hooks_d_gives_the_sites_executable_root_hooks_and_leaves_enroots_out_by_name(
         site.hooks.scripts,
         [hooks.join("20-early.sh"), hooks.join("50-site.sh")]
     );
-    assert_eq!(site.hooks.built_in, ["98-nvidia.sh"]);
-    assert_eq!(site.hooks.not_supported, ["99-mellanox.sh"]);
+    assert_eq!(site.hooks.built_in, ["98-nvidia.sh", "99-mellanox.sh"]);
+    assert_eq!(site.hooks.not_supported, ["10-localtime.sh"]);
     assert_eq!(
         site.settings,
         [
@@ -162,8 +163,8 @@ fn hooks_d_gives_the_sites_executable_root_hooks_and_leaves_enroots_out_by_name(
     );
     let line = site.summary(dir.path()).unwrap();
     for part in [
-        "enroot's hooks not run, berth does their work: 98-nvidia.sh",
-        "not supported by berth yet: 99-mellanox.sh",
+        "enroot's hooks not run, berth does their work: 98-nvidia.sh, 99-mellanox.sh",
+        "not supported by berth yet: 10-localtime.sh",
         "30-plain.sh is not run: not executable",
         "40-open.sh is not run: it must be root's and writable by root only",
         "60-link.sh is not run: no regular file",
