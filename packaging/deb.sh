@@ -10,7 +10,7 @@
 # `berth` that image pulls run as (plugstack pull_user) and, where AppArmor 4
 # is installed, puts the CLI's profile (packaging/apparmor/berth) in
 # /etc/apparmor.d and loads it; postrm takes the profile away. It honours DPKG_ROOT
-# (dpkg --root=DIR --force-script-chrootless, as tests/package.rs installs):
+# (dpkg --root=DIR --force-script-chrootless, as tests/suite/package.rs installs):
 # the user goes into that root's /etc/passwd, or, when the root has none, a
 # note says so and nothing else happens.
 #

@@ -8,7 +8,7 @@
 #
 #   tests/dev.sh 1 up                      build, install, start, push images
 #   tests/dev.sh 1 install                 rebuild and reinstall berth only
-#   tests/dev.sh 1 test --test cluster_named -- some_test_name
+#   tests/dev.sh 1 test --test suite -- cluster_named::some_test_name
 #   tests/dev.sh 1 down                    tear it down
 #
 # Run as root. CARGO_TARGET_DIR defaults to the checkout's target/.
@@ -53,7 +53,7 @@ export BERTH_PLUGSTACK_LINE
     tests/harness/images.sh push
     tests/harness/entrypoint-images.sh
     tests/harness/engines.sh up
-    echo "up: source /run/$BERTH_TEST_NAME/env for SLURM_CONF; tests/dev.sh $slot test --test NAME"
+    echo "up: source /run/$BERTH_TEST_NAME/env for SLURM_CONF; tests/dev.sh $slot test --test suite -- MODULE::"
     ;;
 install)
     install_berth

@@ -78,7 +78,7 @@ if [[ -z $pyxis ]]; then
     git --git-dir="$mirror" archive "$ref" tests | tar -x -C "$pyxis"
     log "pyxis tests from $mirror ($ref: $(git --git-dir="$mirror" describe --tags "$ref" 2>/dev/null || echo "$ref"))"
 fi
-[[ -f $pyxis/tests/common.bash ]] || { echo "$pyxis has no tests/common.bash" >&2; exit 1; }
+[[ -f $pyxis/tests/common.bash ]] || { echo "$pyxis has no tests/suite/common.bash" >&2; exit 1; }
 chown -R "$user:" "$pyxis"
 if ((${#files[@]} == 0)); then
     mapfile -t files < <(cd "$pyxis/tests" && ls -- *.bats sbatch/*.bats)

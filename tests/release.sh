@@ -12,14 +12,14 @@
 # Nothing is compiled inside a root. Here, on this machine, berth is built
 # against the root's <slurm/spank.h> into CARGO_TARGET_DIR/slurm-SUITE
 # (seeded with this machine's compiled dependencies, so only berth itself is
-# compiled), and the core test binaries are built once for all releases
+# compiled), and the test binary (tests/suite) is built once for all releases
 # (they drive srun and sbatch; they do not load the plugin). Programs linked
 # against this machine's glibc run on the roots' newer one. The target folder
 # must lie inside the checkout, which the root sees at the same path.
 #
 # The same build is packaged here too (packaging/deb.sh, two versions, into
 # CARGO_TARGET_DIR/slurm-SUITE/debs): the root's core suite installs the
-# release's package and upgrades it under a running job (tests/package.rs).
+# release's package and upgrades it under a running job (tests/suite/package.rs).
 #
 # BERTH_RELEASE_PARALLEL=1 runs the roots at once (tests/run.sh does), each
 # line of output prefixed with its release; the default is one after the other.
@@ -84,12 +84,12 @@ for suite in "$@"; do
     esac
 done
 
-# The core test binaries, once for every release: "NAME PATH" lines
+# The test binary, once for every release: a "suite PATH" line
 # (BERTH_CORE_BINARIES: a list tests/run.sh made already).
 binaries=${BERTH_CORE_BINARIES:-$target/release-core-tests.txt}
 build_tests() {
     [[ -z ${BERTH_CORE_BINARIES:-} ]] || return 0
-    log "building the core test binaries"
+    log "building the test binary"
     core_binaries "$target" >"$binaries.tmp"
     mv "$binaries.tmp" "$binaries"
 }

@@ -40,7 +40,7 @@ SUITE=${BERTH_TEST_SUITE:-full}
 RELEASES=${BERTH_TEST_RELEASES-trixie sid}
 [[ $SUITE == full ]] || RELEASES=""
 # Four nodes: node1 and node2 form the default partition (the tests written
-# for two nodes), all four the partition `wide` (tests/cluster_fanout.rs).
+# for two nodes), all four the partition `wide` (tests/suite/cluster_fanout.rs).
 export BERTH_TEST_NODES=${BERTH_TEST_NODES:-4} BERTH_TEST_DEFAULT_NODES=${BERTH_TEST_DEFAULT_NODES:-2}
 # Built test images are cached here between runs (shared with demo.sh).
 export BERTH_TEST_CACHE_DIR=${BERTH_TEST_CACHE_DIR:-/var/cache/berth-test}
@@ -49,6 +49,22 @@ unset SLURM_CONF SLURM_JOB_ID SLURM_JOBID
 
 log() { printf '[tests] %s\n' "$*"; }
 [[ $(id -u) -eq 0 ]] || { echo "tests/run.sh must run as root (it starts a Slurm cluster)" >&2; exit 1; }
+
+# The modules of tests/suite (one test binary) the full suite runs one after
+# another (core_run), and those it runs alone (they switch the drop-in or
+# the cluster). Every module of tests/suite/main.rs must be in one of them.
+MAIN_MODULES=(container_runtime container_join store_cli berth_cli cluster cluster_entry cluster_named
+    umoci_equivalence fuzz_smoke security doctor cluster_mpi gpu_inject cluster_pull cluster_fanout
+    cluster_pin cluster_faults cluster_private cluster_site cluster_shapes cluster_origin cluster_ipc
+    security_mounts security_ldconfig security_store cluster_apt cluster_join cluster_relative_mounts
+    cluster_userfile cluster_carried cluster_enroot_site cluster_enroot_hooks cluster_archive)
+ALONE_MODULES=(cluster_shared package cluster_leftovers cluster_gpu)
+unrun=$(comm -23 <(sed -n 's/^mod \([a-z0-9_]*\);$/\1/p' tests/suite/main.rs | grep -vx common | sort) \
+    <(printf '%s\n' "${MAIN_MODULES[@]}" "${ALONE_MODULES[@]}" | sort))
+[[ -z $unrun ]] || {
+    echo "[tests] FAILED: tests/suite modules no run names: $unrun (add them to MAIN_MODULES in tests/run.sh)" >&2
+    exit 1
+}
 
 t0=$SECONDS
 tests/harness/install-deps.sh
@@ -140,30 +156,44 @@ tests/harness/entrypoint-images.sh
 export BERTH_TEST_ENV=/run/$BERTH_TEST_NAME/env
 export BERTH_REQUIRE_CLUSTER=1
 source tests/harness/core-suite.sh
-# core_run NAME... -- ARGS...: the test binaries NAME, each with ARGS, through
-# cargo or (in a release root) from the list BERTH_TEST_BINARIES of
-# "NAME PATH" lines that tests/release.sh built outside the root.
-core_run() {
-    local names=() name bin rc=0
+# suite_run FILTER... -- ARGS...: the one test binary (tests/suite) with
+# these filters (a test runs when its name holds one of them) and ARGS,
+# through cargo or, in a release root, the binary that the "suite PATH"
+# line of BERTH_TEST_BINARIES names (tests/release.sh built it outside the
+# root).
+suite_run() {
+    local filters=() bin
     while [[ $1 != -- ]]; do
-        names+=("$1")
+        filters+=("$1")
         shift
     done
     shift
     if [[ -z ${BERTH_TEST_BINARIES:-} ]]; then
-        local flags=()
-        for name in "${names[@]}"; do flags+=(--test "$name"); done
-        cargo test --release --locked --no-fail-fast "${flags[@]}" -- "$@"
+        cargo test --release --locked --test suite -- "${filters[@]}" "$@"
         return
     fi
-    for name in "${names[@]}"; do
-        bin=$(awk -v n="$name" '$1 == n {print $2}' "$BERTH_TEST_BINARIES")
-        [[ -n $bin && -x $bin ]] || {
-            echo "[tests] no test binary '$name' in $BERTH_TEST_BINARIES (run tests/release.sh)" >&2
-            return 1
-        }
-        log "$name ($bin $*)"
-        "$bin" "$@" || rc=1
+    bin=$(awk '$1 == "suite" {print $2}' "$BERTH_TEST_BINARIES")
+    [[ -n $bin && -x $bin ]] || {
+        echo "[tests] no test binary 'suite' in $BERTH_TEST_BINARIES (run tests/release.sh)" >&2
+        return 1
+    }
+    log "${filters[*]} ($bin $*)"
+    "$bin" "${filters[@]}" "$@"
+}
+
+# core_run MODULE... -- ARGS...: each test module (a file of tests/suite)
+# with ARGS, one module after another, so that the tests of one never run
+# beside another's (each changes the cluster its own way); every module
+# runs, and the call fails when one failed.
+core_run() {
+    local modules=() module rc=0
+    while [[ $1 != -- ]]; do
+        modules+=("$1")
+        shift
+    done
+    shift
+    for module in "${modules[@]}"; do
+        suite_run "$module::" -- "$@" || rc=1
     done
     return $rc
 }
@@ -180,7 +210,7 @@ if [[ $SUITE == core ]]; then
     core_run "${CORE_TESTS[@]}" -- --test-threads=2 "${skips[@]}" || failed+=("${CORE_TESTS[*]}")
     for entry in "${CORE_FILTERED[@]}"; do
         read -ra filters <<<"${entry#*=}"
-        core_run "${entry%%=*}" -- "${filters[@]}" || failed+=("$entry")
+        suite_run "${filters[@]/#/${entry%%=*}::}" -- || failed+=("$entry")
     done
     if [[ ${BERTH_TEST_SITE:-plain} == gpu ]]; then
         log "GPU site: $(grep -E '^(SlurmdParameters|JobContainerType|NamespaceType)=' "$SLURM_CONF_FILE" | tr '\n' ' ')"
@@ -197,11 +227,10 @@ if [[ $SUITE == core ]]; then
 fi
 log "unit and integration tests"
 cargo build --release --locked --examples
-# Every test binary now, so the later runs (package, leftovers) build nothing.
-cargo test --release --locked --no-run --test package --test cluster_leftovers --test cluster_shared --test cluster_gpu
-cargo test --release --locked --no-fail-fast --lib --bins --test container_runtime --test container_join \
-    --test store_cli --test cli --test cluster --test cluster_entry --test cluster_named --test umoci_equivalence --test fuzz_smoke --test security --test doctor \
-    --test cluster_mpi --test gpu_inject --test cluster_pull --test cluster_fanout --test cluster_pin --test cluster_faults --test cluster_private --test cluster_site --test cluster_shapes --test cluster_origin --test cluster_ipc --test security_mounts --test security_ldconfig --test security_store --test cluster_apt --test cluster_join --test cluster_relative_mounts --test cluster_userfile --test cluster_carried --test cluster_enroot_site --test cluster_enroot_hooks --test cluster_archive -- --test-threads=2 || main_failed=1
+# The test binary now, so the later runs (package, leftovers) build nothing.
+cargo test --release --locked --no-run --test suite
+cargo test --release --locked --no-fail-fast --lib --bins -- --test-threads=2 || main_failed=1
+core_run "${MAIN_MODULES[@]}" -- --test-threads=2 || main_failed=1
 if [[ -n $RELEASES ]]; then
     # From here on the 22.05 tests look at their own cluster only (the
     # leftover checks too), so the roots' clusters may run beside them.
@@ -220,7 +249,7 @@ fi
 # A failure above ends the run, once the release roots' suites are done too.
 [[ -z ${main_failed:-} ]] || { echo "[tests] FAILED: the unit and integration tests (above)" >&2; exit 1; }
 log "shared store (alone: it points the drop-in at a shared store)"
-cargo test --release --locked --test cluster_shared
+core_run cluster_shared --
 log "Debian package: two versions, installed and upgraded under a running job (alone: it switches the drop-in); the RPM's contents"
 debs=$STATE/debs
 rm -rf "$debs"
@@ -229,15 +258,15 @@ deb2=$(BERTH_DEB_VERSION=0.1.0~ci2 TARGET_DIR="$CARGO_TARGET_DIR" packaging/deb.
 # The RPM (packaging/berth.spec) from the same build: rpmbuild compiles nothing.
 rpm=$(BERTH_RPM_NODEPS=1 TARGET_DIR="$CARGO_TARGET_DIR" packaging/rpm.sh "$STATE/rpm" 2>"$STATE/rpmbuild.log") ||
     { cat "$STATE/rpmbuild.log" >&2; echo "[tests] FAILED: packaging/rpm.sh" >&2; exit 1; }
-BERTH_TEST_DEBS=$deb1:$deb2 BERTH_TEST_RPM=$rpm cargo test --release --locked --test package
+BERTH_TEST_DEBS=$deb1:$deb2 BERTH_TEST_RPM=$rpm core_run package --
 log "leftover check (alone, after every other test)"
-cargo test --release --locked --test cluster_leftovers
+core_run cluster_leftovers --
 log "GPU site: the cluster again with proctrack/task cgroup, ConstrainDevices, job_container/tmpfs and fake GPUs"
 tests/harness/cluster.sh down
 BERTH_TEST_SITE=gpu tests/harness/cluster.sh up
-cargo test --release --locked --test cluster_gpu --test cluster_site -- --test-threads=2
+core_run cluster_gpu cluster_site -- --test-threads=2
 # scancel under proctrack/cgroup: the step's helpers, what the cancel
 # watcher still has to stop (issue 19 point 6).
-cargo test --release --locked --test cluster_faults -- scancel
-cargo test --release --locked --test cluster_leftovers
+suite_run cluster_faults::scancel --
+core_run cluster_leftovers --
 wait_releases

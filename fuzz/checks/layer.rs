@@ -4,7 +4,7 @@
 //! Also checks `normalize` on every raw chunk.
 //!
 //! Shared by the cargo-fuzz target (fuzz/fuzz_targets) and the CI smoke
-//! fuzzer (tests/fuzz_smoke.rs).
+//! fuzzer (tests/suite/fuzz_smoke.rs).
 
 use berth::image::flatten;
 use berth::image::Layer;

@@ -2,7 +2,7 @@
 //! response's Content-Type; the rest is the body.
 //!
 //! Shared by the cargo-fuzz target (fuzz/fuzz_targets) and the CI smoke
-//! fuzzer (tests/fuzz_smoke.rs).
+//! fuzzer (tests/suite/fuzz_smoke.rs).
 
 use berth::registry::manifest::{self, Manifest};
 use berth::registry::Platform;

@@ -1,7 +1,7 @@
 //! `--container-mounts` values: SRC[:DST[:FLAGS]][,...].
 //!
 //! Shared by the cargo-fuzz target (fuzz/fuzz_targets) and the CI smoke
-//! fuzzer (tests/fuzz_smoke.rs).
+//! fuzzer (tests/suite/fuzz_smoke.rs).
 
 use berth::container::spec::parse_mounts;
 

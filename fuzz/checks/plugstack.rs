@@ -3,7 +3,7 @@
 //! off the file system (the default config file, if present, is still read).
 //!
 //! Shared by the cargo-fuzz target (fuzz/fuzz_targets) and the CI smoke
-//! fuzzer (tests/fuzz_smoke.rs).
+//! fuzzer (tests/suite/fuzz_smoke.rs).
 
 use berth::config::Config;
 

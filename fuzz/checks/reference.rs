@@ -3,7 +3,7 @@
 //! same value (the user name before '@' is not printed, so it is ignored).
 //!
 //! Shared by the cargo-fuzz target (fuzz/fuzz_targets) and the CI smoke
-//! fuzzer (tests/fuzz_smoke.rs).
+//! fuzzer (tests/suite/fuzz_smoke.rs).
 
 use berth::reference::ImageSource;
 

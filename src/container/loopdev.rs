@@ -312,7 +312,7 @@ mod tests {
     #[test]
     fn switches_need_a_mapped_uid() {
         // The initial namespace maps every id; a namespace the user made
-        // with remap-root maps only 0 (tests/container_runtime.rs
+        // with remap-root maps only 0 (tests/suite/container_runtime.rs
         // `remap_root_shows_root_inside_and_the_user_outside`, unprivileged).
         assert!(uid_is_mapped("         0          0 4294967295\n", 1001));
         assert!(!uid_is_mapped("         0       1001          1\n", 1001));

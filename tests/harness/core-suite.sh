@@ -5,8 +5,10 @@
 # behaviour, which tests/run.sh runs with BERTH_TEST_SUITE=core on the Slurm
 # of each release root (tests/release.sh). One list, read by both.
 #
-#   CORE_TESTS          run together (two test threads), every test
-#   CORE_FILTERED       NAME=FILTER: only the tests of NAME matching FILTER
+# Each name is a module of the one test binary (a file of tests/suite).
+#
+#   CORE_TESTS          one module after another (two test threads), every test
+#   CORE_FILTERED       MODULE=FILTER: only the tests of MODULE matching FILTER
 #   CORE_LAST           cluster_leftovers, alone, after every other test
 # shellcheck disable=SC2034  # read by the scripts that source this file
 CORE_TESTS=(cluster cluster_entry cluster_named cluster_join cluster_mpi cluster_pin cluster_private cluster_fanout cluster_site)
@@ -43,18 +45,12 @@ CORE_GLIBC_TESTS=(srun_in_a_containerized_batch_script_inherits_or_overrides
 CORE_PMIX_TESTS=(pmix_mpi_allreduce_across_nodes open_mpi_over_pmix_still_works_beside_profiles
     ucx_defaults_open_mpi_ranks_share_memory_within_a_node pmix_server_tmpdir_and_modules_reach_the_container)
 
-# core_test_names: every test binary the core suite runs, one a line.
-core_test_names() {
-    printf '%s\n' "${CORE_TESTS[@]}" "${CORE_FILTERED[@]%%=*}" "${CORE_GPU_TESTS[@]}" "$CORE_PACKAGE" "$CORE_LAST" | sort -u
-}
-
-# core_binaries TARGET_DIR: builds the core test binaries (against this
-# machine's Slurm: they drive srun and sbatch, they do not load the plugin)
-# and prints "NAME PATH" for each.
+# core_binaries TARGET_DIR: builds the one test binary (tests/suite, whose
+# modules are the core tests and the rest; against this machine's Slurm:
+# they drive srun and sbatch, they do not load the plugin) and prints
+# "suite PATH".
 core_binaries() {
-    local flags=() name
-    while read -r name; do flags+=(--test "$name"); done < <(core_test_names)
-    cargo test --release --locked --no-run --message-format=json --target-dir "$1" "${flags[@]}" |
+    cargo test --release --locked --no-run --message-format=json --target-dir "$1" --test suite |
         jq -r 'select(.reason == "compiler-artifact" and .executable != null and .target.kind == ["test"])
             | "\(.target.name) \(.executable)"'
 }

@@ -17,7 +17,7 @@
 #                             then runs its arguments
 #   busybox:pytorch           busybox's own ENTRYPOINT, PYTORCH_VERSION=2.3.0
 #                             added to its Env (a PyTorch image to berth, for
-#                             the PyTorch variables of tests/cluster_mpi.rs)
+#                             the PyTorch variables of tests/suite/cluster_mpi.rs)
 # Same layers as busybox:latest, only the image config differs: nothing is
 # built, nothing cached, and images.sh's cache stays valid. Needs
 # `images.sh push busybox` first. Idempotent; takes well under a second.

@@ -32,7 +32,7 @@ PACKAGES=(
     iproute2 util-linux procps curl jq python3 openssl ca-certificates tar gzip
 )
 # This machine's only, not the release roots' (release-root.sh installs
-# PACKAGES; /.berth-root marks a root): rpmbuild, for tests/package.rs's RPM.
+# PACKAGES; /.berth-root marks a root): rpmbuild, for tests/suite/package.rs's RPM.
 HOST_PACKAGES=(rpm)
 [[ ! -e /.berth-root ]] || HOST_PACKAGES=()
 
