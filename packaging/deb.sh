@@ -71,6 +71,9 @@ install -m 0644 "$repo"/README.md "$repo"/docs/*.md "$root/usr/share/doc/berth/"
 # The AppArmor profile for the CLI's user namespaces: postinst puts it in
 # place where AppArmor 4 can parse it (packaging/apparmor/berth says why).
 install -D -m 0644 "$repo/packaging/apparmor/berth" "$root/usr/share/berth/apparmor/berth"
+# A ready site profile for the node's InfiniBand userspace (to copy to
+# /etc/berth/inject.d; packaging/inject.d/infiniband.conf says how).
+install -D -m 0644 "$repo/packaging/inject.d/infiniband.conf" "$root/usr/share/berth/inject.d/infiniband.conf"
 install -d "$root/DEBIAN"
 size=$(du -sk "$root/usr" "$root/etc" | awk '{s += $1} END {print s}')
 cat >"$root/DEBIAN/control" <<CONTROL

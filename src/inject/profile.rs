@@ -56,7 +56,8 @@ pub struct Profile {
     pub dependencies: Vec<String>,
     /// Device nodes (a `*` in the last component is a wildcard).
     pub devices: Vec<String>,
-    /// Other files and folders, bound read-only at the same path.
+    /// Other files and folders, bound read-only at the same path (a `*` in
+    /// the last component is a wildcard, which may match nothing).
     pub binds: Vec<PathBuf>,
     /// `NAME=VALUE` settings for the container.
     pub env: Vec<String>,
@@ -176,21 +177,23 @@ impl Profile {
             });
         }
         for pattern in &self.devices {
-            injection
-                .devices
-                .extend(expand(pattern)?.into_iter().map(MountSpec::same_path));
+            injection.devices.extend(
+                expand("device", pattern)?
+                    .into_iter()
+                    .map(MountSpec::same_path),
+            );
         }
-        for path in &self.binds {
-            if !path.exists() {
-                bail!(
-                    "{origin}: bind = {}: no such file or folder on this node",
-                    path.display()
-                );
+        for pattern in &self.binds {
+            let pattern = pattern.to_string_lossy();
+            if !pattern.contains('*') && !Path::new(pattern.as_ref()).exists() {
+                bail!("{origin}: bind = {pattern}: no such file or folder on this node");
             }
-            injection.files.push(MountSpec {
-                read_only: true,
-                ..MountSpec::same_path(path)
-            });
+            for path in expand("bind", &pattern)? {
+                injection.files.push(MountSpec {
+                    read_only: true,
+                    ..MountSpec::same_path(&path)
+                });
+            }
         }
         Ok(injection)
     }
@@ -284,9 +287,10 @@ pub fn soname_of(path: &Path) -> String {
     }
 }
 
-/// Existing paths matching `pattern`, where a `*` may appear in the last
-/// component only. A pattern without `*` must exist.
-fn expand(pattern: &str) -> anyhow::Result<Vec<PathBuf>> {
+/// Existing paths matching `pattern` (a value of the profile key `key`,
+/// for messages), where a `*` may appear in the last component only; it
+/// may match nothing. A pattern without `*` must exist.
+fn expand(key: &str, pattern: &str) -> anyhow::Result<Vec<PathBuf>> {
     let path = Path::new(pattern);
     let name = path
         .file_name()
@@ -294,13 +298,13 @@ fn expand(pattern: &str) -> anyhow::Result<Vec<PathBuf>> {
         .unwrap_or_default();
     let Some((prefix, suffix)) = name.split_once('*') else {
         if !path.exists() {
-            bail!("device {pattern} does not exist on this node");
+            bail!("{key} {pattern} does not exist on this node");
         }
         return Ok(vec![path.to_path_buf()]);
     };
     let parent = path.parent().unwrap_or(Path::new("/"));
     if parent.to_string_lossy().contains('*') {
-        bail!("device = {pattern}: '*' is only allowed in the last component");
+        bail!("{key} = {pattern}: '*' is only allowed in the last component");
     }
     let mut found: Vec<PathBuf> = match std::fs::read_dir(parent) {
         Ok(entries) => entries
@@ -408,5 +412,38 @@ mod tests {
         let text = format!("{err:#}");
         assert!(text.contains("no host MPI profile 'cray'"), "{text}");
         assert!(text.contains("host, site"), "{text}");
+    }
+
+    #[test]
+    fn a_bind_wildcard_gives_every_match_and_may_match_none() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["libx.so.1.2.0", "libx.so.1.3.0", "liby.so.1"] {
+            std::fs::write(dir.path().join(name), "").unwrap();
+        }
+        let text = format!(
+            "bind = {d}/libx.so.1.*\nbind = {d}/libnone.so.*\n",
+            d = dir.path().display()
+        );
+        let profile = Profile::parse("wild", &text, "test").unwrap();
+        let inj = profile.resolve(&LdCache::default()).unwrap();
+        let bound: Vec<_> = inj.files.iter().map(|f| f.target.clone()).collect();
+        assert_eq!(
+            bound,
+            [
+                dir.path().join("libx.so.1.2.0"),
+                dir.path().join("libx.so.1.3.0")
+            ]
+        );
+        assert!(inj.files.iter().all(|f| f.read_only));
+        let missing = Profile::parse(
+            "gone",
+            &format!("bind = {}/libz.so.1\n", dir.path().display()),
+            "test",
+        )
+        .unwrap()
+        .resolve(&LdCache::default())
+        .unwrap_err()
+        .to_string();
+        assert!(missing.contains("no such file or folder"), "{missing}");
     }
 }

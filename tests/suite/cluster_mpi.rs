@@ -507,3 +507,64 @@ fn pytorch_images_get_rank_world_and_master_per_task() {
         );
     }
 }
+
+/// The ready profile for the node's InfiniBand userspace that the package
+/// ships (packaging/inject.d/infiniband.conf, as it is): an image without
+/// rdma-core gets the host's libibverbs and librdmacm in its loader cache,
+/// the verbs providers at the path libibverbs loads them from, with every
+/// library they need found in the container, and their configuration; as
+/// root and as the user. (These nodes have no HCA, so no device opens.)
+#[test]
+fn the_shipped_infiniband_profile_brings_the_hosts_rdma_userspace() {
+    let (cluster, _one_at_a_time) = cluster_or_skip!();
+    let shipped = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("packaging/inject.d/infiniband.conf"),
+    )
+    .unwrap();
+    let profile = write_profile(&cluster, "infiniband", &shipped);
+    let image = format!("--container-image={}", cluster.image("debian:bookworm"));
+    let providers = "/usr/lib/x86_64-linux-gnu/libibverbs";
+    let report = format!(
+        "ldconfig -p | grep -o 'libibverbs.so.1 (.*' | head -1; \
+         ldconfig -p | grep -o 'librdmacm.so.1 (.*' | head -1; \
+         ldd {providers}/libmlx5-rdmav34.so | grep -o 'libibverbs.so.1 => [^ ]*'; \
+         ldd {providers}/libmlx5-rdmav34.so /usr/local/lib/berth/librdmacm.so.1 | grep -c 'not found'; \
+         cat /etc/libibverbs.d/mlx5.driver 2>/dev/null; true"
+    );
+    for who in BOTH {
+        let bare = cluster
+            .srun(who, &["-N1", &image, "sh", "-c", &report])
+            .ok();
+        assert!(
+            !bare.stdout.contains("libibverbs.so.1"),
+            "{who:?}: the test image already has rdma-core: {}",
+            bare.stdout
+        );
+        let run = cluster
+            .srun(
+                who,
+                &[
+                    "-N1",
+                    &image,
+                    "--container-mpi=infiniband",
+                    "sh",
+                    "-c",
+                    &report,
+                ],
+            )
+            .ok();
+        assert_eq!(
+            run.stdout.lines().collect::<Vec<_>>(),
+            [
+                "libibverbs.so.1 (libc6,x86-64) => /usr/local/lib/berth/libibverbs.so.1",
+                "librdmacm.so.1 (libc6,x86-64) => /usr/local/lib/berth/librdmacm.so.1",
+                "libibverbs.so.1 => /usr/local/lib/berth/libibverbs.so.1",
+                "0",
+                "driver mlx5",
+            ],
+            "{who:?}\n{}",
+            run.stderr
+        );
+    }
+    std::fs::remove_file(profile).unwrap();
+}

@@ -209,6 +209,10 @@ fn package_installs_and_upgrades_under_a_running_job() {
         plugin_dir.display()
     );
     assert!(root.join("usr/share/doc/berth/USAGE.md").is_file());
+    // The ready InfiniBand profile, for the site to copy to inject_dir.
+    assert!(root
+        .join("usr/share/berth/inject.d/infiniband.conf")
+        .is_file());
     // The postinst made the pull user, a system user without a login shell.
     let users = pull_user_lines(&root);
     assert_eq!(users.len(), 1, "{users:?}");
