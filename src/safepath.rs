@@ -251,6 +251,44 @@ impl RootDir {
         renamed
     }
 
+    /// Makes `path` inside the root a symbolic link to `link`, creating
+    /// missing parent directories. The link is made under a temporary name
+    /// and renamed over `path`, so whatever is at `path` (a file, a link)
+    /// is replaced, never followed.
+    pub fn write_symlink(&self, path: &Path, link: &Path) -> io::Result<()> {
+        let parts = components(path)?;
+        let Some((name, parent)) = parts.split_last() else {
+            return Err(invalid_input("cannot replace the root directory itself"));
+        };
+        let dir = self.ensure_parts(parent, Kind::Dir)?;
+        let mut tmp_name = b".".to_vec();
+        tmp_name.extend_from_slice(name.as_bytes());
+        tmp_name.extend_from_slice(format!(".berth-{}", std::process::id()).as_bytes());
+        let tmp_name = OsStr::from_bytes(&tmp_name);
+        match nix::unistd::symlinkat(link, Some(dir.as_raw_fd()), tmp_name) {
+            Err(Errno::EEXIST) => {
+                unlinkat(Some(dir.as_raw_fd()), tmp_name, UnlinkatFlags::NoRemoveDir)?;
+                nix::unistd::symlinkat(link, Some(dir.as_raw_fd()), tmp_name)?;
+            }
+            other => other?,
+        }
+        let placed = self
+            .give_owner_of_link(dir.as_raw_fd(), tmp_name)
+            .and_then(|()| {
+                nix::fcntl::renameat(
+                    Some(dir.as_raw_fd()),
+                    tmp_name,
+                    Some(dir.as_raw_fd()),
+                    *name,
+                )
+                .map_err(io::Error::from)
+            });
+        if placed.is_err() {
+            let _ = unlinkat(Some(dir.as_raw_fd()), tmp_name, UnlinkatFlags::NoRemoveDir);
+        }
+        placed
+    }
+
     /// Makes sure `path` exists inside the root (creating it and its missing
     /// parents as directories) and returns an `O_PATH` descriptor of it.
     pub fn ensure_dir(&self, path: &Path) -> io::Result<OwnedFd> {
@@ -320,6 +358,22 @@ impl RootDir {
                 fd,
                 Some(nix::unistd::Uid::from_raw(uid)),
                 Some(nix::unistd::Gid::from_raw(gid)),
+            )
+            .map_err(io::Error::from),
+            None => Ok(()),
+        }
+    }
+
+    /// [`RootDir::give_owner`] for the symbolic link `name` in `dir` (the
+    /// link itself, not what it names).
+    fn give_owner_of_link(&self, dir: RawFd, name: &OsStr) -> io::Result<()> {
+        match self.new_owner {
+            Some((uid, gid)) => nix::unistd::fchownat(
+                Some(dir),
+                name,
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
             )
             .map_err(io::Error::from),
             None => Ok(()),
@@ -521,6 +575,24 @@ mod tests {
             std::fs::read(f.root.join("etc/passwd")).unwrap(),
             b"x:x:1:1::/:/bin/sh\n"
         );
+    }
+
+    #[test]
+    fn write_symlink_replaces_what_is_there_without_following_it() {
+        let f = fixture();
+        std::fs::create_dir(f.root.join("etc")).unwrap();
+        let victim = f.outside.join("victim");
+        std::fs::write(&victim, "untouched").unwrap();
+        symlink(&victim, f.root.join("etc/localtime")).unwrap();
+        std::fs::write(f.root.join("etc/plain"), "image's").unwrap();
+        let root = RootDir::open(&f.root).unwrap();
+        let zone = Path::new("/usr/share/zoneinfo/Europe/Berlin");
+        for name in ["/etc/localtime", "/etc/plain", "/new/dir/link"] {
+            root.write_symlink(Path::new(name), zone).unwrap();
+            let inside = f.root.join(name.trim_start_matches('/'));
+            assert_eq!(std::fs::read_link(&inside).unwrap(), zone, "{name}");
+        }
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched");
     }
 
     #[test]

@@ -54,7 +54,7 @@ use crate::container::mounts::{self, StagingPaths};
 use crate::container::netns;
 use crate::container::safepath::RootDir;
 use crate::container::sitehooks;
-use crate::container::spec::{ContainerSpec, Mode, Namespace, UserIdentity, UserMount};
+use crate::container::spec::{ContainerSpec, HostZone, Mode, Namespace, UserIdentity, UserMount};
 
 /// The first argument that makes the `berth` binary run [`holder_main`].
 pub const HOLDER_ARG: &str = "__holder";
@@ -415,6 +415,9 @@ fn prepare_root(
     let user = spec.user_inside();
     write_etc_file(&root, "/etc/passwd", &user, passwd_content)?;
     write_etc_file(&root, "/etc/group", &user, group_content)?;
+    if let Some(zone) = &spec.host_zone {
+        put_host_zone(&root, zone)?;
+    }
     if spec.remap_root {
         apt_stays_root(&root)?;
     }
@@ -646,6 +649,32 @@ fn write_etc_file(
     let content = build(&String::from_utf8_lossy(&image), user);
     root.write_file(path, content.as_bytes(), 0o644)
         .with_context(|| format!("cannot write {} in the container", path.display()))
+}
+
+/// The node's time zone in the root: `/etc/localtime` made a link to the
+/// node's zone file (replacing the image's link or file), and that file
+/// written where the image has none.
+fn put_host_zone(root: &RootDir, zone: &HostZone) -> anyhow::Result<()> {
+    let localtime = Path::new("/etc/localtime");
+    root.write_symlink(localtime, &zone.zone_file)
+        .context("cannot link /etc/localtime in the container to the node's time zone")?;
+    match root.resolve(&zone.zone_file) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => root
+            .write_file(&zone.zone_file, &zone.contents, 0o644)
+            .with_context(|| {
+                format!(
+                    "cannot write the node's zone file {} in the container",
+                    zone.zone_file.display()
+                )
+            }),
+        Err(e) => Err(e).with_context(|| {
+            format!(
+                "cannot look at {} in the container",
+                zone.zone_file.display()
+            )
+        }),
+    }
 }
 
 /// Where an unprivileged holder mounts its staging tmpfs: `/run/berth` when it

@@ -88,6 +88,21 @@ pub struct ContainerSpec {
     /// the user's mounts are locked (privileged mode only).
     #[serde(default)]
     pub site_hooks: Option<SiteHooks>,
+    /// The node's time zone, put in the root as enroot's `10-localtime.sh`
+    /// does, where the site's `hooks.d` has that hook.
+    #[serde(default)]
+    pub host_zone: Option<HostZone>,
+}
+
+/// The node's `/etc/localtime`, a link to a zone file: the container's
+/// `/etc/localtime` becomes the same link, and the zone file is written at
+/// its path where the image lacks it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostZone {
+    /// The zone file the node's link leads to (`/usr/share/zoneinfo/Europe/Berlin`).
+    pub zone_file: PathBuf,
+    /// Its contents.
+    pub contents: Vec<u8>,
 }
 
 /// The site's enroot hooks to run (by [`crate::container::sitehooks`]),
@@ -171,6 +186,7 @@ impl ContainerSpec {
             injection: Default::default(),
             job_namespace: None,
             site_hooks: None,
+            host_zone: None,
         }
     }
 

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 /// enroot's bundled hooks whose work berth does itself.
 const BUILT_IN: &[&str] = &[
+    LOCALTIME,
     "10-aptfix.sh",
     "10-cgroups.sh",
     "10-devices.sh",
@@ -24,7 +25,11 @@ const BUILT_IN: &[&str] = &[
 ];
 
 /// enroot's bundled hooks berth does not run and does not replace yet.
-const NOT_SUPPORTED: &[&str] = &["10-localtime.sh"];
+const NOT_SUPPORTED: &[&str] = &[];
+
+/// enroot's time zone hook: berth gives the container the node's zone
+/// ([`super::localtime`]) when a site's `hooks.d` has it.
+pub const LOCALTIME: &str = "10-localtime.sh";
 
 /// enroot's SHARP hook: berth sets its variables ([`super::sharp`]) when a
 /// site's `hooks.d` has it.

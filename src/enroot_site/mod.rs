@@ -5,7 +5,8 @@
 //! [`conf::Defaults`]), `mounts.d/*.fstab` (site binds and tmpfs:
 //! [`fstab`]), `environ.d/*.env` (variables: [`environ`]) and
 //! `hooks.d/*.sh` (the site's hooks, run by the holder: [`hooks`]; of
-//! enroot's bundled hooks, berth does the work of [`sharp`] itself).
+//! enroot's bundled hooks, berth does the work of [`sharp`] and [`localtime`]
+//! itself).
 //!
 //! Owns: reading and parsing those files into typed data. The plugin
 //! applies it when it builds a step's container spec: an option on the job
@@ -20,6 +21,7 @@
 pub mod conf;
 pub mod environ;
 pub mod hooks;
+pub mod localtime;
 pub mod sharp;
 /// enroot's fstab parser lives in the container layer (the holder parses
 /// what site hooks append with it too).

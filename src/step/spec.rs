@@ -178,6 +178,11 @@ pub fn build_spec(
         spec.extra_binds
             .push(super::task_prolog::container_bind(prolog, &ctx.node_state)?);
     }
+    if site.hooks.has_bundled(crate::enroot_site::hooks::LOCALTIME) {
+        spec.host_zone = crate::enroot_site::localtime::host_zone(Path::new(
+            crate::enroot_site::localtime::HOST_LOCALTIME,
+        ))?;
+    }
     if site.hooks.has_bundled(crate::enroot_site::hooks::SHARP) {
         let image_env = spec.image_config.env.clone();
         let lookup = |name: &str| {

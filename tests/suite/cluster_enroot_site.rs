@@ -292,6 +292,25 @@ fn a_pyxis_enroot_site_runs_its_jobs_unchanged() {
         "#!/bin/sh\necho \"HOOK_VAR=from-the-hook-of-$(id -u)\" >> \"$ENROOT_ENVIRON\"\n",
     );
     std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // enroot's stock hooks, as its package installs them: berth does their
+    // work (10-localtime.sh: the node's time zone).
+    for bundled in ["10-localtime.sh", "98-nvidia.sh", "99-mellanox.sh"] {
+        let path = dir.join("hooks.d").join(bundled);
+        write(
+            &path,
+            "#!/bin/sh\necho enroot's hook must not run >&2; exit 1\n",
+        );
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let zone_file = std::fs::canonicalize("/etc/localtime").unwrap();
+    let zone = format!(
+        "{} {}",
+        zone_file.display(),
+        common::tool("md5sum", &[zone_file.to_str().unwrap()])
+            .split_whitespace()
+            .next()
+            .unwrap()
+    );
     let data = PathBuf::from(format!(
         "{}/pyxis-site-data-{}",
         cluster.var("BERTH_TEST_WORKDIR"),
@@ -376,12 +395,22 @@ fn a_pyxis_enroot_site_runs_its_jobs_unchanged() {
         );
         let image = format!("--container-image={}", cluster.image("busybox:latest"));
         let run = cluster
-            .srun(who, &["-N1", &image, "sh", "-c", "echo $HOOK_VAR"])
+            .srun(
+                who,
+                &[
+                    "-N1",
+                    &image,
+                    "sh",
+                    "-c",
+                    "echo $HOOK_VAR; echo $(readlink /etc/localtime) \
+                     $(md5sum < /etc/localtime | cut -d' ' -f1)",
+                ],
+            )
             .ok();
         assert_eq!(
-            run.stdout.trim(),
-            format!("from-the-hook-of-{}", uid_of(who)),
-            "{who:?}: the site hook's variable"
+            run.stdout.lines().collect::<Vec<_>>(),
+            [format!("from-the-hook-of-{}", uid_of(who)), zone.clone()],
+            "{who:?}: the site hook's variable, the node's time zone"
         );
         // A file `enroot import` made: its environment and working
         // directory; no ENTRYPOINT, as execute_entrypoint=0 says.
