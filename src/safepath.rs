@@ -210,45 +210,17 @@ impl RootDir {
     /// directories. The file is written under a temporary name and renamed over
     /// `path`, so a symlink at `path` is replaced, never followed.
     pub fn write_file(&self, path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
-        let parts = components(path)?;
-        let Some((name, parent)) = parts.split_last() else {
-            return Err(invalid_input("cannot write to the root directory itself"));
-        };
-        let dir = self.ensure_parts(parent, Kind::Dir)?;
-        let mut tmp_name = b".".to_vec();
-        tmp_name.extend_from_slice(name.as_bytes());
-        tmp_name.extend_from_slice(format!(".berth-{}", std::process::id()).as_bytes());
-        let tmp_name = OsStr::from_bytes(&tmp_name);
         let flags =
             OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         let file_mode = Mode::from_bits_truncate(mode);
-        let raw = match nix::fcntl::openat(Some(dir.as_raw_fd()), tmp_name, flags, file_mode) {
-            Err(Errno::EEXIST) => {
-                unlinkat(Some(dir.as_raw_fd()), tmp_name, UnlinkatFlags::NoRemoveDir)?;
-                nix::fcntl::openat(Some(dir.as_raw_fd()), tmp_name, flags, file_mode)?
-            }
-            other => other?,
-        };
-        // SAFETY: `raw` was just returned by openat and is owned by nobody else.
-        let mut file = unsafe { File::from_raw_fd(raw) };
-        let written = file
-            .write_all(contents)
-            .and_then(|()| self.give_owner(raw))
-            .and_then(|()| nix::sys::stat::fchmod(raw, file_mode).map_err(io::Error::from));
-        drop(file);
-        let renamed = written.and_then(|()| {
-            nix::fcntl::renameat(
-                Some(dir.as_raw_fd()),
-                tmp_name,
-                Some(dir.as_raw_fd()),
-                *name,
-            )
-            .map_err(io::Error::from)
-        });
-        if renamed.is_err() {
-            let _ = unlinkat(Some(dir.as_raw_fd()), tmp_name, UnlinkatFlags::NoRemoveDir);
-        }
-        renamed
+        self.replace(path, |dir, tmp_name| {
+            let raw = nix::fcntl::openat(Some(dir), tmp_name, flags, file_mode)?;
+            // SAFETY: `raw` was just returned by openat and is owned by nobody else.
+            let mut file = unsafe { File::from_raw_fd(raw) };
+            file.write_all(contents)
+                .and_then(|()| self.give_owner(raw))
+                .and_then(|()| nix::sys::stat::fchmod(raw, file_mode).map_err(io::Error::from))
+        })
     }
 
     /// Makes `path` inside the root a symbolic link to `link`, creating
@@ -256,35 +228,43 @@ impl RootDir {
     /// and renamed over `path`, so whatever is at `path` (a file, a link)
     /// is replaced, never followed.
     pub fn write_symlink(&self, path: &Path, link: &Path) -> io::Result<()> {
+        self.replace(path, |dir, tmp_name| {
+            nix::unistd::symlinkat(link, Some(dir), tmp_name)?;
+            self.give_owner_of_link(dir, tmp_name)
+        })
+    }
+
+    /// Replaces `path` inside the root (creating missing parent
+    /// directories) with what `make` creates in the parent directory under
+    /// a temporary name (a leftover of that name is removed first), renamed
+    /// over `path`; on failure the temporary entry is removed.
+    fn replace(
+        &self,
+        path: &Path,
+        make: impl Fn(RawFd, &OsStr) -> io::Result<()>,
+    ) -> io::Result<()> {
         let parts = components(path)?;
         let Some((name, parent)) = parts.split_last() else {
             return Err(invalid_input("cannot replace the root directory itself"));
         };
         let dir = self.ensure_parts(parent, Kind::Dir)?;
+        let dir = dir.as_raw_fd();
         let mut tmp_name = b".".to_vec();
         tmp_name.extend_from_slice(name.as_bytes());
         tmp_name.extend_from_slice(format!(".berth-{}", std::process::id()).as_bytes());
         let tmp_name = OsStr::from_bytes(&tmp_name);
-        match nix::unistd::symlinkat(link, Some(dir.as_raw_fd()), tmp_name) {
-            Err(Errno::EEXIST) => {
-                unlinkat(Some(dir.as_raw_fd()), tmp_name, UnlinkatFlags::NoRemoveDir)?;
-                nix::unistd::symlinkat(link, Some(dir.as_raw_fd()), tmp_name)?;
+        let made = match make(dir, tmp_name) {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                unlinkat(Some(dir), tmp_name, UnlinkatFlags::NoRemoveDir)?;
+                make(dir, tmp_name)
             }
-            other => other?,
-        }
-        let placed = self
-            .give_owner_of_link(dir.as_raw_fd(), tmp_name)
-            .and_then(|()| {
-                nix::fcntl::renameat(
-                    Some(dir.as_raw_fd()),
-                    tmp_name,
-                    Some(dir.as_raw_fd()),
-                    *name,
-                )
-                .map_err(io::Error::from)
-            });
+            other => other,
+        };
+        let placed = made.and_then(|()| {
+            nix::fcntl::renameat(Some(dir), tmp_name, Some(dir), *name).map_err(io::Error::from)
+        });
         if placed.is_err() {
-            let _ = unlinkat(Some(dir.as_raw_fd()), tmp_name, UnlinkatFlags::NoRemoveDir);
+            let _ = unlinkat(Some(dir), tmp_name, UnlinkatFlags::NoRemoveDir);
         }
         placed
     }
