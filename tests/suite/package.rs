@@ -248,7 +248,7 @@ fn package_installs_and_upgrades_under_a_running_job() {
             _ => w.to_string(),
         })
         .collect();
-    let _restore = DropIn {
+    let restore = DropIn {
         path: drop_in_path.clone(),
         original: original.clone(),
     };
@@ -327,12 +327,24 @@ fn package_installs_and_upgrades_under_a_running_job() {
         .ok();
     assert_eq!(again.stdout.matches("new").count(), 2, "{}", again.stdout);
     cluster.assert_nodes_healthy();
-    // Removed, the package takes its AppArmor profile along.
+    // Removed, the package takes its AppArmor profile along. First the
+    // cluster goes back to its own plugin and every node finishes the last
+    // job's epilog, which loads the plugin the drop-in names: removing the
+    // packaged one under a running epilog fails it and drains the node.
+    drop(restore);
+    let settled = common::wait_for(Duration::from_secs(60), || {
+        cluster
+            .node_states()
+            .iter()
+            .all(|(_, state)| state == "idle")
+    });
+    assert!(settled, "nodes not idle: {:?}", cluster.node_states());
     dpkg(&root, &["-r", "berth"]);
     assert!(
         !apparmor.join("berth").exists(),
         "postrm left /etc/apparmor.d/berth"
     );
+    cluster.assert_nodes_healthy();
     for entry in std::fs::read_dir("/tmp").unwrap().flatten() {
         if entry
             .file_name()
