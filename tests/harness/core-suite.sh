@@ -32,11 +32,12 @@ CORE_PACKAGE=package
 # shellcheck disable=SC2034
 CORE_GPU_TESTS=(cluster_gpu)
 # Tests that bind this machine's own programs into the bookworm test images
-# (srun in a batch container, the host's MPICH): they need the C library of
+# (srun in a batch container, the host's MPICH, the host's rdma-core): they need the C library of
 # the machine running the cluster to be no newer than the images' (2.36),
 # which a release root's is not.
 # shellcheck disable=SC2034
 CORE_GLIBC_TESTS=(srun_in_a_containerized_batch_script_inherits_or_overrides
+    the_shipped_infiniband_profile_brings_the_hosts_rdma_userspace
     host_mpich_is_injected_and_runs_over_pmi2_across_nodes)
 # Tests that run `srun --mpi=pmix`: skipped where the Slurm has no mpi/pmix
 # plugin (Debian's 26.05). A new test with --mpi=pmix in a core file

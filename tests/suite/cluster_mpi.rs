@@ -514,6 +514,8 @@ fn pytorch_images_get_rank_world_and_master_per_task() {
 /// the verbs providers at the path libibverbs loads them from, with every
 /// library they need found in the container, and their configuration; as
 /// root and as the user. (These nodes have no HCA, so no device opens.)
+/// The host's libraries need a C library no newer than the image's: the
+/// release roots skip it (CORE_GLIBC_TESTS).
 #[test]
 fn the_shipped_infiniband_profile_brings_the_hosts_rdma_userspace() {
     let (cluster, _one_at_a_time) = cluster_or_skip!();
@@ -524,11 +526,19 @@ fn the_shipped_infiniband_profile_brings_the_hosts_rdma_userspace() {
     let profile = write_profile(&cluster, "infiniband", &shipped);
     let image = format!("--container-image={}", cluster.image("debian:bookworm"));
     let providers = "/usr/lib/x86_64-linux-gnu/libibverbs";
+    // The mlx5 provider, named after rdma-core's provider ABI
+    // (libmlx5-rdmav34.so in Debian 12, rdmav65 in sid).
+    let mlx5 = std::fs::read_dir(providers)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with("libmlx5-rdmav") && n.ends_with(".so"))
+        .expect("the host has rdma-core's mlx5 provider (ibverbs-providers)");
     let report = format!(
         "ldconfig -p | grep -o 'libibverbs.so.1 (.*' | head -1; \
          ldconfig -p | grep -o 'librdmacm.so.1 (.*' | head -1; \
-         ldd {providers}/libmlx5-rdmav34.so | grep -o 'libibverbs.so.1 => [^ ]*'; \
-         ldd {providers}/libmlx5-rdmav34.so /usr/local/lib/berth/librdmacm.so.1 | grep -c 'not found'; \
+         ldd {providers}/{mlx5} | grep -o 'libibverbs.so.1 => [^ ]*'; \
+         ldd {providers}/{mlx5} /usr/local/lib/berth/librdmacm.so.1 | grep -c 'not found'; \
          cat /etc/libibverbs.d/mlx5.driver 2>/dev/null; true"
     );
     for who in BOTH {
