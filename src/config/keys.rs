@@ -383,6 +383,12 @@ pub const KEYS: &[Key] = &[
         "the most a flattened image may expand to",
     ),
     key(
+        "squashfs_level",
+        Kind::Count("zstd level", 1, 19, |c, v| c.squashfs_level = v as i32),
+        "3",
+        "the zstd level of the squashfs files registry pulls write",
+    ),
+    key(
         "cancel_check",
         Kind::Seconds(0, 3600, |c, v| c.cancel_check = v),
         "5",

@@ -83,6 +83,8 @@ pub struct Config {
     pub pull_user: String,
     /// Largest flattened image a pull may write, in bytes (`max_image_size`).
     pub max_image_size: u64,
+    /// zstd level of the squashfs files registry pulls write (`squashfs_level`).
+    pub squashfs_level: i32,
     /// Proxies for registry requests: slurmd's (or the CLI's) environment
     /// (`HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY`, ...), then the keys
     /// `https_proxy`, `http_proxy`, `no_proxy`.
@@ -248,6 +250,7 @@ impl Default for Config {
             registry_timeout: None,
             pull_user: DEFAULT_PULL_USER.to_string(),
             max_image_size: crate::image::DEFAULT_MAX_IMAGE_BYTES,
+            squashfs_level: crate::image::DEFAULT_ZSTD_LEVEL,
             cancel_check: DEFAULT_CANCEL_CHECK,
             notes: Vec::new(),
             proxy: crate::registry::ProxySettings::default(),

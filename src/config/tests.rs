@@ -146,7 +146,13 @@ fn mirrors_and_retries() {
         Config::default().max_image_size,
         crate::image::DEFAULT_MAX_IMAGE_BYTES
     );
+    assert_eq!(Config::default().squashfs_level, 3);
+    let config = Config::from_plugstack_args(&args(&["squashfs_level=1"])).unwrap();
+    assert_eq!(config.squashfs_level, 1);
     for bad in [
+        "squashfs_level=0",
+        "squashfs_level=20",
+        "squashfs_level=fast",
         "pull_user=",
         "pull_user=a b",
         "max_image_size=big",

@@ -58,12 +58,19 @@ pub struct PullSettings {
     pub registry_timeout: Option<u32>,
     /// Largest flattened image, in bytes.
     pub max_image_size: u64,
+    /// zstd level of the squashfs (absent from an older plugin's request).
+    #[serde(default = "default_squashfs_level")]
+    pub squashfs_level: i32,
     /// A store shared by several nodes: `(lease timeout, wait timeout)` in seconds.
     pub shared: Option<(u64, u64)>,
     /// Proxies for registry requests (the helper's environment is cleared).
     pub proxy: ProxySettings,
     /// A site CA bundle trusted beside the system's store.
     pub ca_bundle: Option<PathBuf>,
+}
+
+fn default_squashfs_level() -> i32 {
+    crate::image::DEFAULT_ZSTD_LEVEL
 }
 
 impl PullSettings {
@@ -75,6 +82,7 @@ impl PullSettings {
             registry_retries: config.registry_retries,
             registry_timeout: config.registry_timeout,
             max_image_size: config.max_image_size,
+            squashfs_level: config.squashfs_level,
             shared: config
                 .shared_settings()
                 .map(|s| (s.lease_timeout.as_secs(), s.wait_timeout.as_secs())),
@@ -117,6 +125,7 @@ impl PullSettings {
             progress,
             cached_only,
             max_image_bytes: self.max_image_size,
+            zstd_level: self.squashfs_level,
         }
     }
 }
@@ -254,6 +263,20 @@ mod tests {
         assert_eq!(options.registry.insecure_registries, ["r:5000"]);
         assert_eq!(options.registry.retry.attempts, 3);
         assert!(options.shared.is_some() && options.cached_only);
+        assert_eq!(options.zstd_level, crate::image::DEFAULT_ZSTD_LEVEL);
+        let level_one = PullSettings::from_config(&Config {
+            squashfs_level: 1,
+            ..Config::default()
+        });
+        assert_eq!(
+            level_one.pull_options(ProgressMode::Off, false).zstd_level,
+            1
+        );
+        // A request of an older plugin (no level) gets the default level.
+        let mut old: serde_json::Value = serde_json::to_value(&level_one).unwrap();
+        old.as_object_mut().unwrap().remove("squashfs_level");
+        let old: PullSettings = serde_json::from_value(old).unwrap();
+        assert_eq!(old.squashfs_level, crate::image::DEFAULT_ZSTD_LEVEL);
         // A key the helper does not know is refused, not ignored.
         let e = PullJob::read_from(&b"{\"image\":\"x\",\"bogus\":1}\n"[..]).unwrap_err();
         assert!(format!("{e:#}").contains("one version"), "{e:#}");

@@ -20,6 +20,7 @@ pub use config::ImageConfig;
 pub use layer::Layer;
 pub use squashfs::{
     convert, convert_with, ConvertStats, SquashfsOptions, SquashfsWriter, DEFAULT_MAX_IMAGE_BYTES,
+    DEFAULT_ZSTD_LEVEL,
 };
 
 /// Version of the layers-to-squashfs conversion. Stored images made by another

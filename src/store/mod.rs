@@ -128,6 +128,8 @@ pub struct PullOptions {
     pub shared: Option<SharedSettings>,
     /// Largest flattened image a pull may write (decompression-bomb limit).
     pub max_image_bytes: u64,
+    /// zstd level of the squashfs a pull writes.
+    pub zstd_level: i32,
 }
 
 impl Default for PullOptions {
@@ -138,6 +140,7 @@ impl Default for PullOptions {
             cached_only: false,
             shared: None,
             max_image_bytes: crate::image::DEFAULT_MAX_IMAGE_BYTES,
+            zstd_level: crate::image::DEFAULT_ZSTD_LEVEL,
         }
     }
 }

@@ -516,6 +516,7 @@ fn download_and_convert(
         .collect();
     let squashfs = SquashfsOptions {
         max_bytes: options.max_image_bytes,
+        compressor_options: Some(format!("level={}", options.zstd_level)),
         ..SquashfsOptions::default()
     };
     let convert = || image::convert_with(&layer_list, sqfs, &squashfs, |i| progress.converting(i));

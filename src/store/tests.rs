@@ -529,3 +529,37 @@ fn cached_only_downloads_nothing_and_names_the_digest() {
     let found = pull_image(root.path(), &source, &look).unwrap();
     assert_eq!(found.squashfs, pulled.squashfs);
 }
+
+#[test]
+fn the_squashfs_level_reaches_the_writer() {
+    let reg = FakeRegistry::start(FakeAuth::None);
+    // Text that zstd compresses much better at high levels than at level 1.
+    let mut words = String::new();
+    let mut x: u32 = 7;
+    while words.len() < 400_000 {
+        x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        words
+            .push_str(["alpha ", "beta ", "gamma ", "delta ", "epsilon\n"][(x >> 16) as usize % 5]);
+    }
+    reg.push_image(
+        "ns/text",
+        "v1",
+        vec![gz_layer(&[("words.txt", &words)])],
+        &[],
+    );
+    let source = ImageSource::Registry(reference(&reg, "ns/text:v1"));
+    let size_at = |level: i32| {
+        let root = tempfile::tempdir().unwrap();
+        let options = PullOptions {
+            zstd_level: level,
+            ..options(&reg)
+        };
+        let stored = pull_image(root.path(), &source, &options).unwrap();
+        fs::metadata(&stored.squashfs).unwrap().len()
+    };
+    let (fast, small) = (size_at(1), size_at(19));
+    assert!(
+        small < fast,
+        "level 19: {small} bytes, level 1: {fast} bytes"
+    );
+}

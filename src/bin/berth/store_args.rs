@@ -36,6 +36,11 @@ pub struct StoreArgs {
     /// `max_image_size` of the config file): a guard against decompression bombs.
     #[arg(long, value_parser = parse_size_arg)]
     max_image_size: Option<u64>,
+    /// zstd level of the squashfs a registry pull writes, 1 to 19 (default: 3,
+    /// or `squashfs_level` of the config file): lower converts faster into a
+    /// larger file.
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..=19))]
+    squashfs_level: Option<i32>,
     /// Progress on stderr: `auto` (bars on a terminal, else lines), `bars`, `lines`, `none`.
     #[arg(long, default_value = "auto", value_parser = ["auto", "bars", "lines", "none"])]
     pub progress: String,
@@ -109,6 +114,7 @@ impl StoreArgs {
         settings.registry_retries = self.registry_retries.or(config.registry_retries);
         settings.registry_timeout = self.registry_timeout.or(config.registry_timeout);
         settings.max_image_size = self.max_image_size.unwrap_or(config.max_image_size);
+        settings.squashfs_level = self.squashfs_level.unwrap_or(config.squashfs_level);
         let progress = match self.progress.as_str() {
             "bars" => ProgressMode::Bars,
             "lines" => ProgressMode::Lines,
