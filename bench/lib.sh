@@ -34,3 +34,26 @@ bench_cluster_up() {
     tests/harness/cluster.sh up >/dev/null
     tests/harness/images.sh push busybox >/dev/null
 }
+
+# bench_cached_layout DIR STAMP COMMAND...: unless DIR/stamp says STAMP,
+# builds the OCI layout DIR/layout by COMMAND DIR/layout (its stdout into
+# DIR/stats.json).
+bench_cached_layout() {
+    local dir=$1 stamp=$2
+    shift 2
+    [[ $(cat "$dir/stamp" 2>/dev/null) == "$stamp" ]] && return
+    echo "building the synthetic image in $dir (once; a few minutes)" >&2
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    "$@" "$dir/layout" >"$dir/stats.json"
+    echo "$stamp" >"$dir/stamp"
+}
+
+# bench_small_layout DIR FILES: bench/make-small-image.py's image of FILES
+# files as the OCI layout DIR/layout (tag "img"), built once (pull.sh and
+# scale.sh share DIR). Run from the checkout.
+bench_small_layout() {
+    local stamp
+    stamp=$(cat bench/make-image.py bench/make-small-image.py | sha256sum | cut -c1-16)-$2
+    bench_cached_layout "$1" "$stamp" python3 bench/make-small-image.py "$2"
+}

@@ -35,7 +35,11 @@
 #      berth downloads) -> ratio (goal <= 1.2);
 #   2. peak memory of `berth pull` plus tar2sqfs, as above (goal <= 256 MiB);
 #   3. with BERTH_BENCH_SMALL_REF=1 only (it is slow), the reference pipeline
-#      as above, BERTH_BENCH_REF_RUNS times.
+#      as above, BERTH_BENCH_REF_RUNS times;
+#   4. the cold pull again with each zstd level of BERTH_BENCH_LEVELS (default
+#      "1"; "" for none) instead of the default 3 (`--squashfs-level`, the
+#      plugstack's `squashfs_level`), in the same runs: time, ratio to the
+#      floor and the squashfs's size.
 #
 # Each image is built once and cached under $BERTH_TEST_CACHE_DIR/bench-pull
 # (the large one) or bench-pull-NAME (default /var/cache/berth-test; the 1M
@@ -53,6 +57,7 @@ REF_RUNS=${BERTH_BENCH_REF_RUNS:-$N}
 IMAGES=${BERTH_BENCH_IMAGES:-large small300k small1m}
 SCALE=${BERTH_BENCH_SMALL_SCALE:-1}
 SMALL_REF=${BERTH_BENCH_SMALL_REF:-0}
+LEVELS=${BERTH_BENCH_LEVELS-1}
 for name in $IMAGES; do
     [[ $name == large || $name == small300k || $name == small1m ]] ||
         { echo "bench/pull.sh: unknown image '$name' in BERTH_BENCH_IMAGES (large, small300k, small1m)" >&2; exit 2; }
@@ -88,19 +93,6 @@ fi
 mkdir -p "$WORK"
 
 # ---------------------------------------------------------------- the images
-# cached_layout DIR STAMP COMMAND...: unless DIR/stamp says STAMP, builds the
-# OCI layout DIR/layout by COMMAND DIR/layout (its stdout into DIR/stats.json).
-cached_layout() {
-    local dir=$1 stamp=$2
-    shift 2
-    [[ $(cat "$dir/stamp" 2>/dev/null) == "$stamp" ]] && return
-    echo "building the synthetic image in $dir (once; a few minutes)" >&2
-    rm -rf "$dir"
-    mkdir -p "$dir"
-    "$@" "$dir/layout" >"$dir/stats.json"
-    echo "$stamp" >"$dir/stamp"
-}
-
 # push_image LAYOUT REPO_NAME TAG...: pushes the tags to the registry and
 # describes the first: IMAGE, LAYERS (digests), DIGEST (its manifest's),
 # COMPRESSED (bytes of its layers).
@@ -156,13 +148,14 @@ node_store() {
     install -d -m 0700 -o "$PULL_USER" -g "$PULL_USER" "$1/images"
 }
 
-# berth_pull STORE REF: prints "seconds peak_rss_kib" (RSS of berth and its
-# children summed, sampled every 50 ms by bench/peak-rss.py).
+# berth_pull STORE REF [ARG...]: prints "seconds peak_rss_kib" (RSS of berth
+# and its children summed, sampled every 50 ms by bench/peak-rss.py).
 berth_pull() {
     local store=$1 ref=$2 t0 t1 pid peak
+    shift 2
     [[ -d $store/images ]] || node_store "$store"
     t0=$(now)
-    "$BERTH" pull --store "$store" --insecure-registry "$REG" "$ref" >"$WORK/pull.out" 2>"$WORK/pull.err" &
+    "$BERTH" pull --store "$store" --insecure-registry "$REG" "$@" "$ref" >"$WORK/pull.out" 2>"$WORK/pull.err" &
     pid=$!
     peak=$(python3 bench/peak-rss.py "$pid")
     wait "$pid" || { cat "$WORK/pull.err" >&2; exit 1; }
@@ -197,15 +190,27 @@ floor() {
     secs $((t1 - t0))
 }
 
-# measure REF_RUNS FLOOR_P: N runs on IMAGE, each from a cold cache: berth
-# pull into an empty store, the reference pipeline (in the first REF_RUNS),
-# the floor (FLOOR_P layers at a time). Sets the times berth_t, ref_t, floor_t
-# and the peaks berth_rss (KiB), their medians mb, mr, mf, mrss, and SQFS (the
-# squashfs's bytes).
+# measure REF_RUNS FLOOR_P [LEVEL...]: N runs on IMAGE, each from a cold
+# cache: berth pull into an empty store with each zstd LEVEL, then with the
+# default level (its stderr stays in pull.err), the reference pipeline (in
+# the first REF_RUNS), the floor (FLOOR_P layers at a time). Sets the times berth_t, ref_t, floor_t, level_t[LEVEL] and the peaks
+# berth_rss (KiB), their medians mb, mr, mf, mrss, and SQFS and
+# level_sqfs[LEVEL] (the squashfs's bytes).
+declare -A level_t level_sqfs
 measure() {
-    local ref_runs=$1 par=$2 i t rss ref
-    berth_t=() berth_rss=() ref_t=() floor_t=() mr=
+    local ref_runs=$1 par=$2 i t rss ref lv lt
+    shift 2
+    berth_t=() berth_rss=() ref_t=() floor_t=() mr= level_t=() level_sqfs=()
     for ((i = 1; i <= N; i++)); do
+        for lv; do
+            node_store "$WORK/store-$lv"
+            cold
+            read -r lt _ < <(berth_pull "$WORK/store-$lv" "$IMAGE" --squashfs-level "$lv")
+            level_t[$lv]+="$lt "
+            level_sqfs[$lv]=$(stat -c %s "$WORK/store-$lv"/images/*/image.sqfs)
+            rm -rf "$WORK/store-$lv"
+            echo "run $i: berth --squashfs-level $lv ${lt}s" >&2
+        done
         node_store "$WORK/store"
         cold
         read -r t rss < <(berth_pull "$WORK/store" "$IMAGE")
@@ -238,12 +243,19 @@ report() {
     echo "floor (download + gunzip every layer, $1): median ${mf} s   (${floor_t[*]})"
     awk -v a="$mb" -v b="$mf" -v g="$2" 'BEGIN {printf "  ratio berth / floor: %.2f   (goal <= %s)\n", a / b, g}'
     awk -v k="$mrss" 'BEGIN {printf "peak RSS of berth pull (and any child): median %.0f MiB   (goal <= 256 MiB)\n", k / 1024}'
+    local lv m
+    for lv in "${!level_t[@]}"; do
+        m=$(tr ' ' '\n' <<<"${level_t[$lv]}" | grep . | median)
+        awk -v lv="$lv" -v m="$m" -v runs="${level_t[$lv]% }" -v f="$mf" -v g="$2" -v s="${level_sqfs[$lv]}" -v d="$SQFS" 'BEGIN {
+            printf "berth pull --squashfs-level %s: median %s s   (%s); squashfs %d MB (%+.0f%% against level 3)\n", lv, m, runs, s / 1e6, 100 * (s / d - 1)
+            printf "  ratio berth / floor: %.2f   (goal <= %s)\n", m / f, g }'
+    done
 }
 
 # ---------------------------------------------------------------- the images' runs
 bench_large() {
     local before tplus plus_gets rep rep_requests mrep i t0 t1
-    cached_layout "$CACHE" "$(sha256sum bench/make-image.py | cut -c1-16)" python3 bench/make-image.py
+    bench_cached_layout "$CACHE" "$(sha256sum bench/make-image.py | cut -c1-16)" python3 bench/make-image.py
     push_image "$CACHE/layout" bench/pull big plus
     echo "image $IMAGE ($DIGEST): ${#LAYERS[@]} layers, $((COMPRESSED / 1000000)) MB compressed"
     measure "$REF_RUNS" "${#LAYERS[@]}"
@@ -273,18 +285,18 @@ bench_large() {
 
 # bench_small NAME FILES: a small-file image of FILES files (times SCALE).
 bench_small() {
-    local name=$1 files dir stamp ref_runs=0
+    local name=$1 files dir ref_runs=0
     files=$(awk -v n="$2" -v s="$SCALE" 'BEGIN {printf "%d", n * s}')
     dir=$CACHE-$name
     [[ $SCALE == 1 ]] || dir+=-x$SCALE
-    stamp=$(cat bench/make-image.py bench/make-small-image.py | sha256sum | cut -c1-16)-$files
-    cached_layout "$dir" "$stamp" python3 bench/make-small-image.py "$files"
+    bench_small_layout "$dir" "$files"
     push_image "$dir/layout" "bench/$name" img
     jq -r --arg img "$IMAGE ($DIGEST)" --arg mb "$(mib "$COMPRESSED")" \
         '"image \($img): \(.files) files and \(.links) hard links (\(.final_files) in the final tree after \(.whiteouts) whiteouts), \(.layers) layers, \($mb) MiB compressed (\(.uncompressed / 1048576 | floor) MiB of tar)"' \
         "$dir/stats.json"
     if ((SMALL_REF)); then ref_runs=$REF_RUNS; fi
-    measure "$ref_runs" 4
+    # shellcheck disable=SC2086 # the levels are words
+    measure "$ref_runs" 4 $LEVELS
     echo
     report "4 at a time" 1.2
 }

@@ -21,6 +21,8 @@
 # at 2 x DELAY_MS round trips; 64 tasks on a node; and a 20-step sbatch
 # script with `--container-image` by tag (one resolution for the job) against
 # the same script bare. Goals (issue 17) are printed beside each figure.
+# For each image case also the registry connections one start opens (the
+# relays log each): from this host (srun, at submission) and from the node.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 RUNS=${1:-7}
@@ -123,7 +125,22 @@ digest_of() {
     skopeo inspect --tls-verify=false --creds "$BERTH_TEST_TOKEN_USER:$BERTH_TEST_TOKEN_PASSWORD" \
         --format '{{.Digest}}' "docker://$1"
 }
-PUB_DIGEST=$(digest_of "$BERTH_TEST_REGISTRY/busybox:latest")
+# The public images: busybox with one variable more in its config for each
+# relay (bench/near, bench/far), so each has a digest of its own whose first
+# pull (the warm-up below) goes through that relay's name. A stored image
+# is handed out with no request only under a name it was downloaded from
+# anonymously; under any other name (the same bytes behind another
+# registry) every start asks the registry once.
+for name in near far batch; do
+    base=busybox:latest
+    [[ $name == batch ]] && base=debian:bookworm
+    rm -rf "$WORK/layout-$name"
+    skopeo copy --quiet --src-tls-verify=false "docker://$BERTH_TEST_REGISTRY/$base" "oci:$WORK/layout-$name:img"
+    umoci config --image "$WORK/layout-$name:img" --config.env "BERTH_BENCH_RELAY=$name"
+    skopeo copy --quiet --dest-tls-verify=false "oci:$WORK/layout-$name:img" "docker://$BERTH_TEST_REGISTRY/bench/$name:latest"
+done
+NEAR_DIGEST=$(digest_of "$BERTH_TEST_REGISTRY/bench/near:latest")
+FAR_DIGEST=$(digest_of "$BERTH_TEST_REGISTRY/bench/far:latest")
 PRIV_DIGEST=$(digest_of "$BERTH_TEST_TOKEN_REGISTRY/bench/private:latest")
 chown "$USER_NAME" "$CREDS"
 chmod 0700 "$CREDS"
@@ -133,10 +150,10 @@ chmod 0600 "$CREDS/.credentials"
 as_user() { runuser -u "$USER_NAME" -- env "ENROOT_CONFIG_PATH=$CREDS" "$@"; }
 
 declare -A image
-image[pub-tag-0]=$IP:$P_PUB0/busybox:latest
-image[pub-tag-d]=$IP:$P_PUBD/busybox:latest
-image[pub-dig-0]=$IP:$P_PUB0/busybox@$PUB_DIGEST
-image[pub-dig-d]=$IP:$P_PUBD/busybox@$PUB_DIGEST
+image[pub-tag-0]=$IP:$P_PUB0/bench/near:latest
+image[pub-tag-d]=$IP:$P_PUBD/bench/far:latest
+image[pub-dig-0]=$IP:$P_PUB0/bench/near@$NEAR_DIGEST
+image[pub-dig-d]=$IP:$P_PUBD/bench/far@$FAR_DIGEST
 image[priv-tag-0]=$IP:$P_PRIV0/bench/private:latest
 image[priv-tag-d]=$IP:$P_PRIVD/bench/private:latest
 image[priv-dig-0]=$IP:$P_PRIV0/bench/private@$PRIV_DIGEST
@@ -159,7 +176,7 @@ ms() { bench_ms "$@"; }
 # and its steps inherit the digest. The batch script runs in the image
 # (debian:bookworm, same glibc as this machine) with the host's Slurm client
 # bound in, so its `srun`s can start the steps.
-BATCH_IMAGE=$IP:$P_PUBD/debian:bookworm
+BATCH_IMAGE=$IP:$P_PUBD/bench/batch:latest
 as_user srun -N"$NODES_ALL" "--container-image=$BATCH_IMAGE" true >/dev/null ||
     { echo "bench/registry.sh: the warm-up step of $BATCH_IMAGE failed" >&2; exit 1; }
 SLURM_LIB=/usr/lib/x86_64-linux-gnu/slurm-wlm MUNGE_LIB=/usr/lib/x86_64-linux-gnu/libmunge.so.2
@@ -168,18 +185,37 @@ PREFIX_DIR=$BERTH_TEST_STATE_DIR/prefix
 BATCH_MOUNTS=/usr/bin/srun:/usr/bin/srun:ro,$SLURM_LIB:$SLURM_LIB:ro,$MUNGE_LIB:$MUNGE_LIB:ro,/run/munge:/run/munge,$CONF_DIR:$CONF_DIR:ro,$PREFIX_DIR:$PREFIX_DIR:ro,$WORK:$WORK:ro
 script=$(mktemp /tmp/berth-bench-20.XXXXXX)
 chmod 755 "$script"
-printf '#!/bin/sh\nfor i in $(seq 20); do srun -n1 true || exit 1; done\n' >"$script"
+# The script times its own steps: `sbatch --wait` polls the job's state
+# seconds apart, so its wall time says more about the polling than the job.
+printf '#!/bin/sh\ns=$(date +%%s%%N)\nfor i in $(seq 20); do srun -n1 true || exit 1; done\necho "steps_ms $(( ($(date +%%s%%N) - s) / 1000000 ))"\n' >"$script"
+# batch_steps_ms SBATCH_ARG...: runs the script, prints its 20 steps' ms.
+batch_steps_ms() {
+    ms as_user sbatch --wait -N1 -o "$BATCH_OUT" "$@" "$script" >/dev/null || return 1
+    awk '$1 == "steps_ms" {print $2}' "$BATCH_OUT"
+}
 
-declare -A t
+# new_connects FROM: connections to the relays since line FROM of their log,
+# as "SUBMIT NODES" (from this host, where srun runs, and from the nodes).
+new_connects() {
+    tail -n +"$(($1 + 1))" "$WORK/relay.log" |
+        awk -v ip="$IP" '$1 == "connect" {if ($3 == ip) h++; else n++} END {print h + 0, n + 0}'
+}
+declare -A t conn_submit conn_nodes
 for ((i = 0; i < RUNS; i++)); do
     t[bare]+="$(ms as_user srun -n1 true) "
     for c in "${cases[@]}"; do
+        from=$(wc -l <"$WORK/relay.log")
         t[$c]+="$(ms as_user srun -n1 "--container-image=${image[$c]}" true) "
+        read -r s n < <(new_connects "$from")
+        conn_submit[$c]+="$s " conn_nodes[$c]+="$n "
     done
     t[bare64]+="$(ms as_user srun -N1 -n64 --overcommit true) "
     t[c64]+="$(ms as_user srun -N1 -n64 --overcommit "--container-image=${image[pub-tag-d]}" true) "
-    t[batch-bare]+="$(ms as_user sbatch --wait -N1 -o "$BATCH_OUT" "$script") "
-    t[batch-c]+="$(ms as_user sbatch --wait -N1 -o "$BATCH_OUT" "--container-image=$BATCH_IMAGE" "--container-mounts=$BATCH_MOUNTS" "$script") "
+    t[batch-bare]+="$(batch_steps_ms) "
+    from=$(wc -l <"$WORK/relay.log")
+    t[batch-c]+="$(batch_steps_ms "--container-image=$BATCH_IMAGE" "--container-mounts=$BATCH_MOUNTS") "
+    read -r s n < <(new_connects "$from")
+    conn_submit[batch]+="$s " conn_nodes[batch]+="$n "
 done
 rm -f "$script" "$BENCH_STEP_ERR" "$BATCH_OUT"
 
@@ -204,6 +240,8 @@ for c in "${cases[@]}"; do
     esac
     printf '%-44s median %6s ms  +%5s ms over bare  [%s]  (runs: %s)\n' \
         "$(describe "$c") at ${r} ms RTT" "$m" "$(awk -v a="$m" -v b="$bare" 'BEGIN {print a - b}')" "$goal" "${t[$c]}"
+    printf '%-44s registry connections per start: %s from srun, %s from the node\n' "" \
+        "$(tr ' ' '\n' <<<"${conn_submit[$c]}" | grep . | median)" "$(tr ' ' '\n' <<<"${conn_nodes[$c]}" | grep . | median)"
 done
 b64=$(med bare64) c64=$(med c64) one=$(med pub-tag-d)
 printf '%-44s median %6s ms\n' "bare srun -N1 -n64 true" "$b64"
@@ -211,6 +249,8 @@ printf '%-44s median %6s ms  +%5s ms; %.2fx the single-task figure [goal <= 2x]\
     "64 tasks, public by tag at ${rtt} ms" "$c64" "$((c64 - b64))" \
     "$(awk -v c="$c64" -v b="$b64" -v o="$one" -v s="$bare" 'BEGIN {print ((o - s) > 0 ? (c - b) / (o - s) : 0)}')"
 bb=$(med batch-bare) bc=$(med batch-c)
-printf '%-44s median %6s ms\n' "sbatch --wait, 20 bare steps" "$bb"
+printf '%-44s median %6s ms\n' "20 bare steps in an sbatch job" "$bb"
 printf '%-44s median %6s ms  +%5s ms in all, %s ms per step\n' \
-    "same, sbatch --container-image by tag at ${rtt} ms" "$bc" "$((bc - bb))" "$(((bc - bb) / 20))"
+    "the same in sbatch --container-image by tag at ${rtt} ms" "$bc" "$((bc - bb))" "$(((bc - bb) / 20))"
+printf '%-44s registry connections per job: %s from sbatch, %s from the node\n' "" \
+    "$(tr ' ' '\n' <<<"${conn_submit[batch]}" | grep . | median)" "$(tr ' ' '\n' <<<"${conn_nodes[batch]}" | grep . | median)"

@@ -67,8 +67,11 @@ async def delayed_pipe(reader, writer, delay):
         writer.close()
 
 
-def make_handler(upstream, delay):
+def make_handler(listen_port, upstream, delay):
     async def handle(client_reader, client_writer):
+        # One line per connection, for counting who connects (bench/registry.sh).
+        peer = client_writer.get_extra_info("peername")
+        print(f"connect {listen_port} {peer[0]}", flush=True)
         # The handshake already happened; pay one round trip for it, as the
         # TCP and TLS handshakes cost at least that over a real link.
         await asyncio.sleep(2 * delay)
@@ -97,7 +100,7 @@ async def main():
     context.load_cert_chain(args.cert, args.key)
     servers = []
     for listen, upstream, delay in args.route:
-        server = await asyncio.start_server(make_handler(upstream, delay), *listen, ssl=context)
+        server = await asyncio.start_server(make_handler(listen[1], upstream, delay), *listen, ssl=context)
         servers.append(server)
         print(f"wan-relay: https://{listen[0]}:{listen[1]} -> {upstream[0]}:{upstream[1]}, "
               f"{delay * 1000:.0f} ms each way", flush=True)
