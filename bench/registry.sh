@@ -116,32 +116,35 @@ done
 # The plugstack line, with the relays' CA trusted.
 sed -i "s|\$| ca_bundle=$WORK/ca.pem|" "$PLUGSTACK"
 
-# Images: busybox public, and a private copy behind the token registry.
 USER_NAME=${BERTH_TEST_USER:-berthuser}
-skopeo copy --quiet --src-tls-verify=false --dest-tls-verify=false \
-    --dest-creds "$BERTH_TEST_TOKEN_USER:$BERTH_TEST_TOKEN_PASSWORD" \
-    "docker://$BERTH_TEST_REGISTRY/busybox:latest" "docker://$BERTH_TEST_TOKEN_REGISTRY/bench/private:latest"
 digest_of() {
     skopeo inspect --tls-verify=false --creds "$BERTH_TEST_TOKEN_USER:$BERTH_TEST_TOKEN_PASSWORD" \
         --format '{{.Digest}}' "docker://$1"
 }
-# The public images: busybox with one variable more in its config for each
-# relay (bench/near, bench/far), so each has a digest of its own whose first
-# pull (the warm-up below) goes through that relay's name. A stored image
-# is handed out with no request only under a name it was downloaded from
-# anonymously; under any other name (the same bytes behind another
-# registry) every start asks the registry once.
-for name in near far batch; do
-    base=busybox:latest
+# The images: busybox with one variable more in its config for each case
+# (public bench/near and bench/far, private bench/private-near and
+# bench/private-far behind the token registry; debian for the batch job),
+# so each has a digest of its own whose first pull (the warm-up below) goes
+# through its relay's name. A stored image is handed out with no request
+# only under a name it was downloaded from anonymously, and a private
+# image's access is checked at its stored origins: the same bytes under two
+# names would time the other name's registry.
+for name in near far batch private-near private-far; do
+    base=busybox:latest dest=docker://$BERTH_TEST_REGISTRY/bench/$name:latest creds=()
     [[ $name == batch ]] && base=debian:bookworm
+    if [[ $name == private-* ]]; then
+        dest=docker://$BERTH_TEST_TOKEN_REGISTRY/bench/$name:latest
+        creds=(--dest-creds "$BERTH_TEST_TOKEN_USER:$BERTH_TEST_TOKEN_PASSWORD")
+    fi
     rm -rf "$WORK/layout-$name"
     skopeo copy --quiet --src-tls-verify=false "docker://$BERTH_TEST_REGISTRY/$base" "oci:$WORK/layout-$name:img"
-    umoci config --image "$WORK/layout-$name:img" --config.env "BERTH_BENCH_RELAY=$name"
-    skopeo copy --quiet --dest-tls-verify=false "oci:$WORK/layout-$name:img" "docker://$BERTH_TEST_REGISTRY/bench/$name:latest"
+    umoci config --image "$WORK/layout-$name:img" --config.env "BERTH_BENCH_IMAGE=$name"
+    skopeo copy --quiet --dest-tls-verify=false "${creds[@]}" "oci:$WORK/layout-$name:img" "$dest"
 done
 NEAR_DIGEST=$(digest_of "$BERTH_TEST_REGISTRY/bench/near:latest")
 FAR_DIGEST=$(digest_of "$BERTH_TEST_REGISTRY/bench/far:latest")
-PRIV_DIGEST=$(digest_of "$BERTH_TEST_TOKEN_REGISTRY/bench/private:latest")
+PRIV_NEAR_DIGEST=$(digest_of "$BERTH_TEST_TOKEN_REGISTRY/bench/private-near:latest")
+PRIV_FAR_DIGEST=$(digest_of "$BERTH_TEST_TOKEN_REGISTRY/bench/private-far:latest")
 chown "$USER_NAME" "$CREDS"
 chmod 0700 "$CREDS"
 printf 'machine %s login %s password %s\n' "$IP" "$BERTH_TEST_TOKEN_USER" "$BERTH_TEST_TOKEN_PASSWORD" >"$CREDS/.credentials"
@@ -154,10 +157,10 @@ image[pub-tag-0]=$IP:$P_PUB0/bench/near:latest
 image[pub-tag-d]=$IP:$P_PUBD/bench/far:latest
 image[pub-dig-0]=$IP:$P_PUB0/bench/near@$NEAR_DIGEST
 image[pub-dig-d]=$IP:$P_PUBD/bench/far@$FAR_DIGEST
-image[priv-tag-0]=$IP:$P_PRIV0/bench/private:latest
-image[priv-tag-d]=$IP:$P_PRIVD/bench/private:latest
-image[priv-dig-0]=$IP:$P_PRIV0/bench/private@$PRIV_DIGEST
-image[priv-dig-d]=$IP:$P_PRIVD/bench/private@$PRIV_DIGEST
+image[priv-tag-0]=$IP:$P_PRIV0/bench/private-near:latest
+image[priv-tag-d]=$IP:$P_PRIVD/bench/private-far:latest
+image[priv-dig-0]=$IP:$P_PRIV0/bench/private-near@$PRIV_NEAR_DIGEST
+image[priv-dig-d]=$IP:$P_PRIVD/bench/private-far@$PRIV_FAR_DIGEST
 cases=(pub-tag-0 pub-tag-d pub-dig-0 pub-dig-d priv-tag-0 priv-tag-d priv-dig-0 priv-dig-d)
 NODES_ALL=${BERTH_TEST_DEFAULT_NODES:-2}
 for c in "${cases[@]}"; do   # warm every node's store, and check every case runs
