@@ -19,16 +19,35 @@ use std::sync::OnceLock;
 
 use common::{output_of, Cluster, Run, Submitter, TEST_USER};
 
-/// Scratch folder of this test process, readable by the test user.
+/// Scratch folder of this test process, readable by the test user. The
+/// folders of earlier test processes that ended are removed first (a
+/// static has no destructor to remove its own).
 fn scratch() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
+        remove_ended_scratch();
         let dir = PathBuf::from(format!("/var/tmp/berth-security-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         dir
     })
+}
+
+/// Removes `/var/tmp/berth-security-PID` folders whose process is gone.
+fn remove_ended_scratch() {
+    let Ok(entries) = std::fs::read_dir("/var/tmp") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix("berth-security-") else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// A host folder the hostile layers aim at. World-writable, so that only
